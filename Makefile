@@ -1,0 +1,38 @@
+# Two commands for a newcomer: `make workbook` and `make test` (see README.md).
+PYTHON ?= python3
+VENV ?= .venv
+# On the project's CPU machines this pin takes the local CPU wheel; override e.g. TORCH_SPEC="torch==2.13.0 --index-url ..."
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: env workbook test lab models bench clean-figures
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# Re-install when the package metadata changes; torch first so nothing pulls a CUDA build.
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install -q $(TORCH_SPEC)
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $(STAMP)
+
+env: $(STAMP)
+
+workbook: $(STAMP)
+	$(BIN)/python -m specdec_lib.run_notebooks --out figures
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+lab: $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[lab]"
+	$(BIN)/jupyter lab notebooks
+
+models: $(STAMP)
+	$(BIN)/python -m specdec_lib.train_tiny --out data/models
+
+bench: $(STAMP)
+	$(BIN)/python -m specdec_lib.bench --models tiny --suite code --methods hf,autoregressive,hf_prompt_lookup,hf_assisted
