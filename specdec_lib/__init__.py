@@ -1,0 +1,19 @@
+"""specdec_lib: speculative decoding built step by step (the library behind specdec-workbook).
+
+Notation, used the same way in code, notebooks and plots:
+- p: the target model's next-token distribution; q: the draft's (both after temperature/top-k/top-p).
+- gamma: draft length of a chain; MAT: mean tokens gained per target forward, bonus token included.
+- Cacheback: LL leader length, FL follower length, LC leader capacity, FC follower capacity,
+  TDL total draft length, CRT tokens reserved for deeper tree levels.
+
+Reading order: models -> sampling -> kv_cache -> decoding (the contract, the registry, the baseline)
+-> peers (HF's decoders as methods) -> costs -> bench -> viz.
+"""
+from .models import ModelPair, load_models, check_same_vocab
+from .sampling import SamplingConfig
+from .decoding import METHODS, GenerationResult, Request, generate, register
+from . import peers as _peers  # noqa: F401  (registers "hf", "hf_prompt_lookup", "hf_assisted")
+
+__all__ = ["METHODS", "GenerationResult", "ModelPair", "Request", "SamplingConfig", "check_same_vocab",
+           "generate", "load_models", "register"]
+__version__ = "0.1.0"

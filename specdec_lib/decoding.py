@@ -1,0 +1,178 @@
+"""The `generate` contract every method follows, the method registry, and the autoregressive baseline.
+
+    result = generate("autoregressive", target, input_ids, max_new_tokens=64)
+    result.new_tokens, result.accept_lengths, result.target_forwards, result.mean_accepted
+
+`accept_lengths[i]` is the number of tokens the i-th target forward added to the output, the bonus token
+included: the autoregressive loop gives all 1s, and MAT (`mean_accepted`) is their mean. The prompt's
+prefill forward counts (it yields the first new token).
+
+A method is a function `decode(request, **config) -> GenerationResult` registered in `METHODS` with
+`@register(name, needs_draft=...)`. `generate` validates the input once, so methods can trust it.
+
+Simplifications: batch size 1; stopping is `max_new_tokens` exactly or the first `eos_token_id`
+(kept in the output), nothing else.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .kv_cache import new_cache
+from .models import check_same_vocab
+from .sampling import SamplingConfig, make_generator, pick_token
+
+
+@dataclass
+class GenerationResult:
+    new_tokens: list[int]
+    accept_lengths: list[int]
+    target_forwards: int
+    wall_seconds: float = 0.0
+    method: str = ""
+    stats: dict = field(default_factory=dict)  # per-method extras (draft forwards, per-step records, ...)
+
+    @property
+    def mean_accepted(self) -> float:
+        """MAT: mean tokens gained per target forward, bonus token included."""
+        return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.new_tokens) / self.wall_seconds if self.wall_seconds > 0 else float("nan")
+
+
+@dataclass
+class Request:
+    """A validated generation request: what a method receives."""
+    target: torch.nn.Module
+    input_ids: torch.Tensor  # (1, P) on the target's device
+    max_new_tokens: int
+    sampling: SamplingConfig
+    generator: torch.Generator | None
+    eos_token_id: int | None
+    draft: torch.nn.Module | None = None
+    seed: int | None = None
+
+    @property
+    def prompt_length(self) -> int:
+        return self.input_ids.shape[1]
+
+    def is_done(self, tokens: list[int]) -> bool:
+        return len(tokens) >= self.max_new_tokens or (self.eos_token_id is not None and bool(tokens)
+                                                        and tokens[-1] == self.eos_token_id)
+
+    def trim(self, tokens: list[int]) -> list[int]:
+        """Cut a candidate extension at max_new_tokens or just after the first EOS."""
+        tokens = tokens[: self.max_new_tokens]
+        if self.eos_token_id is not None and self.eos_token_id in tokens:
+            tokens = tokens[: tokens.index(self.eos_token_id) + 1]
+        return tokens
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    decode: Callable[..., GenerationResult]
+    needs_draft: bool
+    description: str
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register(name: str, needs_draft: bool = False):
+    def wrap(fn):
+        doc = (fn.__doc__ or "").strip().splitlines()
+        METHODS[name] = Method(name, fn, needs_draft, doc[0] if doc else "")
+        return fn
+    return wrap
+
+
+def context_length(model) -> int | None:
+    return getattr(model.config, "max_position_embeddings", None)
+
+
+def _as_input_ids(input_ids, device) -> torch.Tensor:
+    if isinstance(input_ids, (list, tuple)):
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in input_ids):
+            raise TypeError("input_ids given as a list must hold ints (token ids)")
+        input_ids = torch.tensor([list(input_ids)], dtype=torch.long)
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids must be a tensor or a list of ints, got {type(input_ids).__name__}")
+    if input_ids.dtype not in (torch.long, torch.int32, torch.int64):
+        raise TypeError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must have shape (1, P) or (P,), got {tuple(input_ids.shape)}")
+    if input_ids.shape[0] != 1:
+        raise ValueError(f"batch size {input_ids.shape[0]} is not supported: methods decode one sequence (batch 1)")
+    if input_ids.shape[1] == 0:
+        raise ValueError("the prompt is empty: give at least one token")
+    return input_ids.to(device=device, dtype=torch.long)
+
+
+def generate(method: str, target, input_ids, max_new_tokens: int, *, draft=None, temperature: float = 0.0,
+             seed: int | None = None, eos_token_id: int | None = None, top_k: int | None = None,
+             top_p: float | None = None, **config) -> GenerationResult:
+    """Decode with `method` (a key of METHODS); see the module docstring for the contract."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; known methods: {', '.join(sorted(METHODS))}")
+    spec = METHODS[method]
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    sampling = SamplingConfig(temperature, top_k, top_p)
+    device = next(target.parameters()).device
+    ids = _as_input_ids(input_ids, device)
+    limit = context_length(target)
+    if limit is not None and ids.shape[1] + max_new_tokens > limit:
+        raise ValueError(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                         f"target's context of {limit} tokens")
+    vocab = target.get_output_embeddings().weight.shape[0]
+    if int(ids.max()) >= vocab or int(ids.min()) < 0:
+        raise ValueError(f"input_ids hold token ids outside the target's vocabulary of {vocab}")
+    if spec.needs_draft:
+        if draft is None:
+            raise ValueError(f"method {method!r} needs a draft model: pass draft=...")
+        check_same_vocab(target, draft)
+    if eos_token_id is not None and not isinstance(eos_token_id, int):
+        raise TypeError(f"eos_token_id must be an int or None, got {eos_token_id!r}")
+    request = Request(target, ids, max_new_tokens, sampling, make_generator(seed, device), eos_token_id,
+                      draft, seed)
+    if max_new_tokens == 0:
+        return GenerationResult([], [], 0, 0.0, method)
+    _sync(device)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        result = spec.decode(request, **config)
+    _sync(device)
+    result.wall_seconds = time.perf_counter() - start
+    result.method = method
+    return result
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@register("autoregressive")
+def autoregressive(req: Request) -> GenerationResult:
+    """One target forward per token, with a DynamicCache (the baseline every method must reproduce)."""
+    cache = new_cache(req.target)
+    logits = req.target(input_ids=req.input_ids, past_key_values=cache, use_cache=True).logits[0, -1]  # (V,)
+    tokens: list[int] = []
+    while True:
+        tokens.append(pick_token(logits, req.sampling, req.generator))
+        if req.is_done(tokens):
+            break
+        step = torch.tensor([[tokens[-1]]], device=req.input_ids.device)  # (1, 1)
+        logits = req.target(input_ids=step, past_key_values=cache, use_cache=True).logits[0, -1]
+    return GenerationResult(tokens, [1] * len(tokens), len(tokens))
+
