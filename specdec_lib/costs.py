@@ -1,0 +1,129 @@
+"""Why speculative decoding can pay: what one forward costs, and the expected-speedup arithmetic.
+
+- `forward_cost(model, q_values, prefix)`: median milliseconds of ONE forward that feeds q new query tokens
+  on top of a cached prefix of `prefix` tokens. On small batches the cost barely grows with q at first (the
+  weights are read once per forward either way), which is what lets a target verify several drafted tokens
+  for about the price of one.
+- `expected_tokens_per_step(alpha, gamma)`: with per-token acceptance alpha (i.i.d., Leviathan et al. 2023)
+  and a chain of gamma drafted tokens, the tokens one target forward yields, bonus token included:
+      E[tokens] = 1 + alpha + ... + alpha^gamma = (1 - alpha^(gamma+1)) / (1 - alpha)   (gamma + 1 at alpha = 1)
+- `expected_speedup(alpha, gamma, cost_ratio, verify_overhead)`: wall-clock speedup over autoregressive:
+      speedup = E[tokens] / (gamma * c + verify_overhead)
+  with c = cost_ratio = (draft forward) / (target forward), both for one token, and verify_overhead = the cost
+  of the target forward that verifies gamma + 1 tokens, relative to a one-token target forward (1 = free
+  verification, Leviathan's assumption; read the real value off `forward_cost`, see `verify_overhead`).
+- `measured_agreement(target, draft, input_ids)`: greedy top-1 agreement of draft and target along a text,
+  a stand-in for alpha under greedy decoding.
+
+Simplifications: batch size 1; the prefix is random token ids (cost does not depend on the ids); acceptance
+is modelled as independent of position (real acceptance falls along a chain, and varies by context).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .kv_cache import new_cache, rollback
+
+DEFAULT_Q = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def forward_cost(model, q_values=DEFAULT_Q, prefix: int = 256, repeats: int = 15, warmup: int = 3,
+                 name: str | None = None, seed: int = 0) -> pd.DataFrame:
+    """Median ms of one forward with q query tokens over a cached prefix of `prefix` tokens.
+
+    The cache is prefilled once; after every timed forward it is rolled back to `prefix` tokens, so each
+    measurement sees the same state. Returns one row per q: model, device, prefix, q, median_ms, min_ms,
+    ms_per_token (median_ms / q), relative (median_ms / median_ms at the smallest q).
+    """
+    q_values = sorted(int(q) for q in q_values)
+    if not q_values or q_values[0] < 1:
+        raise ValueError(f"q_values must be positive ints, got {q_values}")
+    if prefix < 1 or repeats < 1 or warmup < 0:
+        raise ValueError(f"need prefix >= 1, repeats >= 1, warmup >= 0; got {prefix}, {repeats}, {warmup}")
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and prefix + q_values[-1] > limit:
+        raise ValueError(f"prefix {prefix} + q {q_values[-1]} exceeds the model's context of {limit}")
+    device = next(model.parameters()).device
+    vocab = model.get_output_embeddings().weight.shape[0]
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, (1, prefix + q_values[-1]), generator=generator).to(device)  # (1, P + Qmax)
+    rows = []
+    with torch.inference_mode():
+        cache = new_cache(model)
+        model(input_ids=ids[:, :prefix], past_key_values=cache, use_cache=True)
+        for q in q_values:
+            step = ids[:, prefix: prefix + q]  # (1, q)
+            times = []
+            for i in range(warmup + repeats):
+                _sync(device)
+                start = time.perf_counter()
+                model(input_ids=step, past_key_values=cache, use_cache=True)
+                _sync(device)
+                if i >= warmup:
+                    times.append((time.perf_counter() - start) * 1000)
+                rollback(cache, prefix)
+            rows.append(dict(model=name or type(model).__name__, device=str(device), prefix=prefix, q=q,
+                             median_ms=statistics.median(times), min_ms=min(times)))
+    df = pd.DataFrame(rows)
+    df["ms_per_token"] = df["median_ms"] / df["q"]
+    df["relative"] = df["median_ms"] / df["median_ms"].iloc[0]
+    return df
+
+
+def verify_overhead(costs: pd.DataFrame, model: str, gamma: int) -> float:
+    """Cost of a (gamma + 1)-token forward relative to a 1-token one, from a `forward_cost` table
+    (linear interpolation in q between measured points)."""
+    rows = costs[costs["model"] == model].sort_values("q")
+    if rows.empty:
+        raise ValueError(f"no rows for model {model!r}; models: {sorted(costs['model'].unique())}")
+    one = float(np.interp(1, rows["q"], rows["median_ms"]))
+    return float(np.interp(gamma + 1, rows["q"], rows["median_ms"])) / one
+
+
+def expected_tokens_per_step(alpha, gamma):
+    """E[tokens per target forward] = (1 - alpha^(gamma+1)) / (1 - alpha); gamma + 1 at alpha = 1.
+
+    alpha may be a float or an array (numpy broadcasting with gamma)."""
+    a = np.asarray(alpha, dtype=float)
+    g = np.asarray(gamma, dtype=float)
+    if np.any((a < 0) | (a > 1)):
+        raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
+    if np.any(g < 0):
+        raise ValueError(f"gamma must be >= 0, got {gamma}")
+    near_one = np.isclose(a, 1.0)
+    safe = np.where(near_one, 0.5, a)  # avoids 0/0; those entries are replaced below
+    out = np.where(near_one, g + 1, (1 - safe ** (g + 1)) / (1 - safe))
+    return float(out) if out.ndim == 0 else out
+
+
+def expected_speedup(alpha, gamma, cost_ratio, verify_overhead: float = 1.0):
+    """Leviathan et al.: speedup = E[tokens] / (gamma * c + verify_overhead), c = draft/target cost."""
+    c = np.asarray(cost_ratio, dtype=float)
+    v = np.asarray(verify_overhead, dtype=float)
+    if np.any(c < 0) or np.any(v <= 0):
+        raise ValueError(f"cost_ratio must be >= 0 and verify_overhead > 0, got {cost_ratio}, {verify_overhead}")
+    out = np.asarray(expected_tokens_per_step(alpha, gamma)) / (np.asarray(gamma, dtype=float) * c + v)
+    return float(out) if out.ndim == 0 else out
+
+
+def measured_agreement(target, draft, input_ids) -> float:
+    """Fraction of positions where draft and target pick the same greedy next token (one forward each)."""
+    ids = torch.as_tensor(input_ids)
+    if ids.dim() == 1:
+        ids = ids[None]
+    if ids.shape[0] != 1 or ids.shape[1] < 1:
+        raise ValueError(f"input_ids must have shape (1, P) with P >= 1, got {tuple(ids.shape)}")
+    with torch.inference_mode():
+        t = target(input_ids=ids.to(next(target.parameters()).device)).logits[0].argmax(-1)  # (P,)
+        d = draft(input_ids=ids.to(next(draft.parameters()).device)).logits[0].argmax(-1)  # (P,)
+    return float((t.cpu() == d.cpu()).float().mean())

@@ -1,0 +1,145 @@
+"""Plotly figures and ipywidgets explorers for the workbook; this module never runs a decoder.
+
+Every function takes results (tables from `costs`/`bench`, a `GenerationResult`, or plain numbers) and returns a
+plotly `go.Figure` (or, for explorers, an ipywidgets box); nothing here calls `show()`. Notebooks display the
+figure and, when asked, save it with `fig.write_html(...)`.
+
+- `cost_curve_figure(costs)`: ms of one forward vs q (query tokens), one line per model (and device), log-x.
+- `speedup_surface_figure(alphas, gammas, cost_ratio)`: heatmap of the expected speedup (Leviathan et al.).
+- `speedup_explorer(cost_ratio)`: sliders for alpha, gamma and cost ratio over a speedup-vs-gamma plot.
+- `bench_figure(summary)`: tokens/s and MAT per method, side by side.
+- `acceptance_figure(result)`: tokens gained by each target forward of one generation.
+"""
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .costs import expected_speedup, expected_tokens_per_step
+
+TOKENS_PER_S = ("tokens_per_s", "tokens_per_second", "tok_per_s", "tok_s", "tokens/s")
+MAT_COLUMNS = ("mat", "MAT", "mean_accepted")
+
+
+def cost_curve_figure(costs, y: str = "median_ms") -> go.Figure:
+    """ms per forward vs q from `costs.forward_cost` rows (several models/devices concatenated)."""
+    fig = go.Figure()
+    multi_device = "device" in costs and costs["device"].nunique() > 1
+    keys = ["model", "device"] if multi_device else ["model"]
+    for key, rows in costs.groupby(keys, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        rows = rows.sort_values("q")
+        fig.add_trace(go.Scatter(x=rows["q"].tolist(), y=rows[y].tolist(), mode="lines+markers",
+                                 name=" on ".join(str(k) for k in key),
+                                 hovertemplate="q=%{x}<br>%{y:.2f} ms<extra></extra>"))
+    prefix = f" over a cached prefix of {int(costs['prefix'].iloc[0])} tokens" if "prefix" in costs else ""
+    fig.update_layout(title=f"Cost of one forward vs query tokens q{prefix}", xaxis_title="q (new tokens in the forward)",
+                      yaxis_title="ms per forward (median)", template="plotly_white", legend_title="model")
+    fig.update_xaxes(type="log", tickvals=sorted(costs["q"].unique().tolist()))
+    return fig
+
+
+def speedup_surface_figure(alphas, gammas, cost_ratio: float, verify_overhead: float = 1.0) -> go.Figure:
+    """Expected speedup over autoregressive for each (alpha, gamma): a heatmap, > 1 means faster."""
+    alphas = np.asarray(alphas, dtype=float)
+    gammas = np.asarray(gammas, dtype=int)
+    z = expected_speedup(alphas[None, :], gammas[:, None], cost_ratio, verify_overhead)  # (G, A)
+    fig = go.Figure(go.Heatmap(x=alphas.tolist(), y=gammas.tolist(), z=z.tolist(), colorscale="RdBu",
+                               zmid=1.0, colorbar_title="speedup",
+                               hovertemplate="alpha=%{x:.2f}<br>gamma=%{y}<br>speedup=%{z:.2f}x<extra></extra>"))
+    fig.add_trace(go.Contour(x=alphas.tolist(), y=gammas.tolist(), z=z.tolist(), showscale=False,
+                             contours=dict(start=1, end=1, size=1, coloring="none", showlabels=True),
+                             line=dict(color="black", width=2), name="speedup = 1", hoverinfo="skip"))
+    fig.update_layout(title=f"Expected speedup (draft/target cost c = {cost_ratio:.2f}, "
+                            f"verify overhead {verify_overhead:.2f})",
+                      xaxis_title="alpha (acceptance rate per token)", yaxis_title="gamma (draft length)",
+                      template="plotly_white")
+    return fig
+
+
+def _speedup_vs_gamma(alpha: float, gamma: int, cost_ratio: float, verify_overhead: float,
+                      max_gamma: int) -> go.Figure:
+    gammas = np.arange(1, max_gamma + 1)
+    speedups = expected_speedup(alpha, gammas, cost_ratio, verify_overhead)
+    fig = go.Figure(go.Scatter(x=gammas.tolist(), y=speedups.tolist(), mode="lines+markers", name="speedup"))
+    chosen = expected_speedup(alpha, gamma, cost_ratio, verify_overhead)
+    fig.add_trace(go.Scatter(x=[gamma], y=[chosen], mode="markers", marker=dict(size=14, color="crimson"),
+                             name=f"gamma={gamma}: {chosen:.2f}x"))
+    fig.add_hline(y=1.0, line_dash="dash", line_color="gray")
+    fig.update_layout(title=f"alpha={alpha:.2f}, c={cost_ratio:.2f}: E[tokens/step]="
+                            f"{expected_tokens_per_step(alpha, gamma):.2f}, speedup={chosen:.2f}x",
+                      xaxis_title="gamma (draft length)", yaxis_title="expected speedup", template="plotly_white",
+                      yaxis_range=[0, max(2.0, float(speedups.max()) * 1.1)])
+    return fig
+
+
+def speedup_explorer(cost_ratio: float = 0.2, alpha: float = 0.6, gamma: int = 4, verify_overhead: float = 1.0,
+                     max_gamma: int = 16):
+    """An ipywidgets VBox: sliders for alpha, gamma and cost ratio over the speedup-vs-gamma curve."""
+    import ipywidgets as widgets
+
+    a = widgets.FloatSlider(value=alpha, min=0.0, max=1.0, step=0.01, description="alpha")
+    g = widgets.IntSlider(value=gamma, min=1, max=max_gamma, description="gamma")
+    c = widgets.FloatSlider(value=round(cost_ratio, 3), min=0.0, max=1.0, step=0.005, description="cost ratio c",
+                            readout_format=".3f")
+    v = widgets.FloatSlider(value=verify_overhead, min=1.0, max=3.0, step=0.05, description="verify overhead")
+    figure = lambda: _speedup_vs_gamma(a.value, g.value, c.value, v.value, max_gamma)  # noqa: E731
+    try:  # a live FigureWidget where plotly's widget support (anywidget) is installed
+        view = go.FigureWidget(figure())
+
+        def update(_=None):
+            new = figure()
+            with view.batch_update():
+                for old_trace, new_trace in zip(view.data, new.data):
+                    old_trace.x, old_trace.y, old_trace.name = new_trace.x, new_trace.y, new_trace.name
+                view.layout.title.text = new.layout.title.text
+                view.layout.yaxis.range = new.layout.yaxis.range
+    except (ImportError, ValueError):  # otherwise re-render a static figure into an Output
+        view = widgets.Output()
+
+        def update(_=None):
+            view.clear_output(wait=True)
+            with view:
+                figure().show()
+
+        update()
+    for slider in (a, g, c, v):
+        slider.observe(update, names="value")
+    return widgets.VBox([widgets.HBox([a, g]), widgets.HBox([c, v]), view])
+
+
+def _column(table, candidates, what):
+    for name in candidates:
+        if name in table.columns:
+            return name
+    raise KeyError(f"no {what} column in the summary (looked for {', '.join(candidates)}); "
+                   f"columns: {list(table.columns)}")
+
+
+def bench_figure(summary, tokens_col: str | None = None, mat_col: str | None = None) -> go.Figure:
+    """Bars of tokens/s and MAT per method from `bench.summarize(runs)` (method as column or index)."""
+    table = summary.reset_index() if "method" not in summary.columns else summary
+    methods = table["method"].astype(str).tolist()
+    tokens_col = tokens_col or _column(table, TOKENS_PER_S, "tokens/s")
+    mat_col = mat_col or _column(table, MAT_COLUMNS, "MAT")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens / s (higher is faster)",
+                                                        "MAT: tokens per target forward"))
+    fig.add_trace(go.Bar(x=methods, y=table[tokens_col].tolist(), name="tokens/s",
+                         text=[f"{x:.0f}" for x in table[tokens_col]], textposition="auto"), row=1, col=1)
+    fig.add_trace(go.Bar(x=methods, y=table[mat_col].tolist(), name="MAT",
+                         text=[f"{x:.2f}" for x in table[mat_col]], textposition="auto"), row=1, col=2)
+    fig.update_layout(title="Methods side by side", showlegend=False, template="plotly_white")
+    return fig
+
+
+def acceptance_figure(result, title: str | None = None) -> go.Figure:
+    """Tokens each target forward added (bonus included) for one `GenerationResult`."""
+    lengths = list(result.accept_lengths)
+    fig = go.Figure(go.Bar(x=list(range(len(lengths))), y=lengths, name="tokens gained",
+                           hovertemplate="forward %{x}: +%{y}<extra></extra>"))
+    mat = sum(lengths) / len(lengths) if lengths else 0.0
+    fig.add_hline(y=mat, line_dash="dash", line_color="crimson", annotation_text=f"MAT {mat:.2f}")
+    fig.update_layout(title=title or f"{result.method or 'generation'}: tokens per target forward",
+                      xaxis_title="target forward", yaxis_title="tokens gained", template="plotly_white")
+    return fig

@@ -1,0 +1,45 @@
+"""Shared fixtures: the shipped tiny pair, and small random float64 models built in memory (Llama and Qwen2).
+
+Random-init LMs are nearly uniform; tests that need peaked distributions scale the output layer."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def tiny_pair():
+    from specdec_lib import load_models
+
+    return load_models("tiny", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def tiny_pair64(tiny_pair):
+    import copy
+
+    target = copy.deepcopy(tiny_pair.target).to(torch.float64)
+    draft = copy.deepcopy(tiny_pair.draft).to(torch.float64)
+    return target, draft, tiny_pair.tokenizer
+
+
+def random_lm(kind: str = "llama", vocab: int = 97, layers: int = 2, hidden: int = 32, seed: int = 0,
+              logit_scale: float = 1.0, context: int = 256):
+    """A randomly initialised float64 causal LM (real HF class), eval mode."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
+                  tie_word_embeddings=False)
+    if kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    elif kind == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+    else:
+        raise ValueError(kind)
+    model = model.to(torch.float64).eval()
+    if logit_scale != 1.0:
+        with torch.no_grad():
+            model.lm_head.weight.mul_(logit_scale)
+    return model

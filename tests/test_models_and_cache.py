@@ -1,0 +1,85 @@
+"""load_models (shipped pair, local directories, offline hub ids, vocabulary checks) and kv_cache.rollback."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec_lib import generate, load_models
+from specdec_lib.kv_cache import cache_length, new_cache, rollback
+from specdec_lib.models import TINY_DIR, resolve_device
+
+from conftest import random_lm
+
+
+def test_tiny_pair_shape_and_cost_budget(tiny_pair):
+    target, draft = tiny_pair.target, tiny_pair.draft
+    assert type(target).__name__ == "LlamaForCausalLM" and type(draft).__name__ == "LlamaForCausalLM"
+    assert target.config.num_hidden_layers >= 6 and draft.config.num_hidden_layers <= 2
+    assert target.config.vocab_size == draft.config.vocab_size == len(tiny_pair.tokenizer)
+    assert tiny_pair.device == torch.device("cpu")
+    weights = sum(p.stat().st_size for p in TINY_DIR.glob("*/model.safetensors"))
+    assert weights <= 30_000_000, weights
+    text = "def add(a, b):\n    return a + b\n"
+    assert tiny_pair.decode(tiny_pair.encode(text)[0].tolist()) == text  # byte-level BPE round trip
+    assert tiny_pair.tokenizer.eos_token == "<|endoftext|>"
+
+
+def test_local_directory_pair_roundtrip(tmp_path):
+    target, draft = random_lm("llama", seed=1), random_lm("llama", seed=2, layers=1)
+    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"t{i}": i for i in range(97)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="t1", unk_token="t0")
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    pair = load_models((tmp_path / "target", tmp_path / "draft"), device="cpu", dtype=torch.float64)
+    ids = pair.encode("t5 t6 t7 t8")
+    assert ids.tolist() == [[5, 6, 7, 8]]
+    assert generate("autoregressive", pair.target, ids, 6).new_tokens == \
+        generate("autoregressive", target, ids, 6).new_tokens
+
+
+def test_mismatched_vocab_pair_is_refused(tmp_path):
+    random_lm("llama", vocab=97, seed=1).save_pretrained(tmp_path / "target")
+    random_lm("llama", vocab=64, seed=2, layers=1).save_pretrained(tmp_path / "draft")
+    with pytest.raises(ValueError, match="target has 97 tokens, draft has 64"):
+        load_models((tmp_path / "target", tmp_path / "draft"), device="cpu")
+
+
+def test_hub_id_offline_says_use_tiny(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match="load_models\\('tiny'\\)"):
+        load_models(("Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"), device="cpu")
+
+
+def test_bad_specs_and_devices():
+    with pytest.raises(TypeError, match="spec must be"):
+        load_models("gpt2")
+    with pytest.raises(TypeError, match="dtype"):
+        load_models("tiny", device="cpu", dtype="float17")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA GPU"):
+            load_models("tiny", device="cuda")
+        assert resolve_device("auto") == torch.device("cpu")
+
+
+def test_rollback_equals_recompute():
+    model = random_lm("llama", seed=4)
+    ids = torch.randint(0, 97, (1, 20), generator=torch.Generator().manual_seed(0))
+    cache = new_cache(model)
+    with torch.no_grad():
+        model(input_ids=ids, past_key_values=cache, use_cache=True)
+        assert cache_length(cache) == 20
+        rollback(cache, 12)
+        assert cache_length(cache) == 12
+        assert all(layer.keys.shape[2] == 12 for layer in cache.layers)  # (B, kv_heads, seq, head_dim)
+        after = model(input_ids=ids[:, 12:15], past_key_values=cache, use_cache=True).logits
+        fresh = model(input_ids=ids[:, :15]).logits[:, 12:15]
+    torch.testing.assert_close(after, fresh, rtol=0, atol=1e-10)
+    rollback(cache, 15)  # a no-op at the current length
+    with pytest.raises(ValueError, match="cannot roll a cache of 15 tokens back to 16"):
+        rollback(cache, 16)
