@@ -33,6 +33,7 @@ lab: $(STAMP)
 
 models: $(STAMP)
 	$(BIN)/python -m specdec_lib.train_tiny --out data/models
+	$(BIN)/python -m specdec_lib.model_card --models data/models
 
 bench: $(STAMP)
 	$(BIN)/python -m specdec_lib.bench --models tiny --suite code --methods hf,autoregressive,hf_prompt_lookup,hf_assisted
