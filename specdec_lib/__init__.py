@@ -7,13 +7,17 @@ Notation, used the same way in code, notebooks and plots:
   TDL total draft length, CRT tokens reserved for deeper tree levels.
 
 Reading order: models -> sampling -> kv_cache -> decoding (the contract, the registry, the baseline)
--> peers (HF's decoders as methods) -> costs -> bench -> viz.
+-> peers (HF's decoders as methods) -> costs -> bench -> viz; then the mechanisms: ngram_table ->
+draft_tree -> tree_attention -> tree_verify.
 """
 from .models import ModelPair, load_models, check_same_vocab
 from .sampling import SamplingConfig
 from .decoding import METHODS, GenerationResult, Request, generate, register
+from .ngram_table import FrozenNgramTable, NgramTable
+from .draft_tree import DraftTree, grow_tree
+from .tree_verify import verify_tree
 from . import peers as _peers  # noqa: F401  (registers "hf", "hf_prompt_lookup", "hf_assisted")
 
-__all__ = ["METHODS", "GenerationResult", "ModelPair", "Request", "SamplingConfig", "check_same_vocab",
-           "generate", "load_models", "register"]
+__all__ = ["METHODS", "DraftTree", "FrozenNgramTable", "GenerationResult", "ModelPair", "NgramTable", "Request",
+           "SamplingConfig", "check_same_vocab", "generate", "grow_tree", "load_models", "register", "verify_tree"]
 __version__ = "0.1.0"

@@ -5,6 +5,8 @@
 - `rollback(cache, length)`: keep the first `length` tokens. transformers changed `DynamicCache.crop` at
   5.15: before, `crop(n)` kept n tokens; from 5.15, `crop(-n)` removes n tokens and a positive argument
   raises. We support >= 5.15 and wrap it once here.
+- `compact(cache, keep_from, indices)`: keep a prefix plus chosen later entries (the accepted path of a
+  verified draft tree), in place, with no re-feeding.
 
 Simplifications: full-attention caches only (no sliding-window layers), batch size 1.
 """
@@ -49,3 +51,38 @@ def rollback(cache, length: int) -> None:
 def layer_keys(cache, layer: int) -> torch.Tensor:
     """Keys of one layer, (batch, kv_heads, seq, head_dim)."""
     return cache.layers[layer].keys
+
+
+def compact(cache, keep_from: int, indices) -> None:
+    """Keep the first `keep_from` tokens plus the entries at offsets `indices` after them, in that order.
+
+    After a tree forward the cache holds prefix (keep_from) + root + n tree nodes; keeping offset 0 (the
+    root) and 1 + each accepted node, in path order, leaves exactly the cache sequential decoding of the
+    accepted tokens would have built: each node's key was rotated at prefix + depth, which is its final
+    position, so nothing is re-rotated or re-fed. Per layer, keys/values are (batch, kv_heads, seq,
+    head_dim): index_select the kept entries (a copy), write them to keep_from.., then slice like `crop`.
+    In place: tensors taken from the cache before the call see the overwrite (deepcopy for snapshots).
+    """
+    current = cache_length(cache)
+    idx = [int(i) for i in indices]
+    if any(not 0 <= i < current - keep_from for i in idx) or keep_from < 0:
+        raise ValueError(f"offsets {idx} after {keep_from} do not fit a cache of {current} tokens")
+    if any(hasattr(layer, "cumulative_length") for layer in cache.layers):  # sliding-window layers
+        raise NotImplementedError("compact supports full-attention (DynamicLayer) caches only")
+    if idx == list(range(len(idx))):  # already contiguous: a plain crop is the same thing
+        rollback(cache, keep_from + len(idx))
+        return
+    end = keep_from + len(idx)
+    for layer in cache.layers:
+        src = torch.tensor(idx, dtype=torch.long, device=layer.keys.device) + keep_from
+        keys = layer.keys.index_select(2, src)  # (B, kv_heads, len(indices), head_dim), a copy
+        values = layer.values.index_select(2, src)
+        if layer.keys.is_inference() and not torch.is_inference_mode_enabled():
+            # inference tensors refuse in-place writes outside inference_mode: copy the prefix instead
+            layer.keys = torch.cat([layer.keys[:, :, :keep_from], keys], dim=2)
+            layer.values = torch.cat([layer.values[:, :, :keep_from], values], dim=2)
+            continue
+        layer.keys[:, :, keep_from:end] = keys  # in place: the prefix is never copied
+        layer.values[:, :, keep_from:end] = values
+        layer.keys = layer.keys[:, :, :end]  # a view, exactly what DynamicLayer.crop leaves
+        layer.values = layer.values[:, :, :end]

@@ -1,0 +1,194 @@
+"""Draft trees and Cacheback's breadth-first tree growth (Cacheback paper, section 3.2; tables from 3.1/3.3).
+
+A `DraftTree` is the proposal one target forward verifies. Its *root* is the last committed token: it is
+not in the target's KV cache yet (it is fed with the tree, so its row gives the first verdict), and it is
+stored separately from the draft nodes. Node i has `tokens[i]`, `parents[i]` (-1 = a child of the root)
+and `depths[i]` (1-based: a child of the root has depth 1, the root has depth 0). Nodes are kept in
+insertion order, which is topological (a parent's index is always smaller than its child's): the tree
+layout, the mask and the KV compaction all rely on that.
+
+`grow_tree(context, tables, tdl, crt, refed)` follows section 3.2, "breadth first":
+- level 0 queries every table with the last LL tokens of the context (the root is `context[-1]`) and hangs
+  each follower under the root as a whole chain; each chain's last node is a new leaf;
+- level L >= 1 does the same for every leaf made at level L-1, the leader being the last LL tokens of
+  context + path (so a leader may straddle the context and the path);
+- per leaf the tables are queried in the order given (dynamic first, then frozen: section 3.3), each
+  table's followers MRU first, and each table uses its own `leader_len`;
+- growth stops when a level makes no new leaf or the budget is reached.
+
+Our exact reading of TDL and CRT (the paper's words plus the reference code's arithmetic, as the project
+notes describe it): TDL counts the draft nodes plus the `refed` tokens this forward feeds that are not in
+the KV cache yet, so at most B = TDL - refed draft nodes. Level 0 may use only B - CRT of them; the CRT
+tokens are reserved for levels >= 1, which may fill the tree up to B. With our KV compaction only the root
+is re-fed, so `refed` = 1 (the reference crops its cache and re-feeds every accepted token: refed = k + 1).
+
+Simplifications (say them when comparing with the paper):
+- followers are added whole: the first follower that does not fit ends the level (level 0: growth goes on
+  to level 1 with the CRT reserve; deeper levels: growth ends); no partial chains;
+- only the chain's LAST node is expanded at the next level (chain interiors are not leaves);
+- `merge=False` (default, like the reference) keeps duplicate siblings, even identical chains from the two
+  tables; `merge=True` makes the tree a trie: a chain reuses existing children with equal tokens, pays only
+  for its new nodes, and a chain that is already present costs nothing and makes no leaf;
+- a table is anything with `.leader_len` and `.query(leader_tuple) -> list of follower tuples`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+ROOT = -1  # the parent index of the root's children
+
+
+@dataclass
+class DraftTree:
+    root: int
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    depths: list[int] | None = None  # computed from parents when not given
+    # indexes kept in step by add_chain (not part of equality or repr): children lists, and the first
+    # child of a node carrying a token, so merging and the verify walk look a child up in O(1)
+    _kids: dict[int, list[int]] = field(default_factory=dict, repr=False, compare=False)
+    _first: dict[tuple[int, int], int] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self):
+        # private int copies: add_chain grows them, and numpy/tensor scalars would hash by identity
+        self.root, self.tokens, self.parents = int(self.root), [int(t) for t in self.tokens], \
+            [int(p) for p in self.parents]
+        if len(self.tokens) != len(self.parents):
+            raise ValueError(f"{len(self.tokens)} tokens but {len(self.parents)} parents")
+        depths = []
+        self._kids, self._first = {ROOT: []}, {}
+        for i, p in enumerate(self.parents):
+            if not ROOT <= p < i:  # parents come first: insertion order is topological
+                raise ValueError(f"node {i} has parent {p}; parents must be -1 or an earlier node")
+            depths.append(1 if p == ROOT else depths[p] + 1)
+            self._kids[p].append(i)
+            self._kids[i] = []
+            self._first.setdefault((p, self.tokens[i]), i)
+        if self.depths is not None and list(self.depths) != depths:
+            raise ValueError("depths do not match parents")
+        self.depths = depths
+
+    @classmethod
+    def chain(cls, root: int, tokens: Sequence[int]) -> "DraftTree":
+        """A single branch (what prompt lookup or a draft model proposes)."""
+        tree = cls(int(root))
+        tree.add_chain(ROOT, tokens)
+        return tree
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def children(self, i: int = ROOT) -> list[int]:
+        """Node indices whose parent is i (i = -1: the root), in insertion order."""
+        return self._kids[i]
+
+    def child_with(self, i: int, token: int) -> int | None:
+        """The first child of i (-1: the root) carrying `token`, or None."""
+        return self._first.get((i, token))
+
+    def path_to(self, i: int) -> list[int]:
+        """Node indices from the depth-1 ancestor down to i (empty for the root)."""
+        path = []
+        while i != ROOT:
+            path.append(i)
+            i = self.parents[i]
+        return path[::-1]
+
+    def path_tokens(self, i: int) -> list[int]:
+        return [self.tokens[j] for j in self.path_to(i)]
+
+    def leaves(self) -> list[int]:
+        return [i for i in range(len(self)) if not self._kids[i]]
+
+    def paths(self) -> list[list[int]]:
+        """Every root-to-leaf path (node indices), leaves in index order."""
+        return [self.path_to(leaf) for leaf in self.leaves()]
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depths, default=0)
+
+    def chain_cost(self, parent: int, tokens: Sequence[int], merge: bool = False) -> int:
+        """How many new nodes add_chain(parent, tokens, merge) would create."""
+        if not merge:
+            return len(tokens)
+        node = parent
+        for n, tok in enumerate(tokens):
+            node = self._first.get((node, tok))
+            if node is None:
+                return len(tokens) - n
+        return 0
+
+    def add_chain(self, parent: int, tokens: Sequence[int], merge: bool = False) -> list[int]:
+        """Hang `tokens` under `parent` as a chain; return the chain's node indices (reused or new).
+
+        merge=True reuses an existing child with the same token (the first one) while one exists."""
+        if not ROOT <= parent < len(self):
+            raise ValueError(f"parent {parent} is not a node of a tree of {len(self)} nodes")
+        node, out = parent, []
+        for tok in tokens:
+            tok = int(tok)
+            found = self._first.get((node, tok)) if merge else None
+            if found is None:
+                found = len(self.tokens)
+                self.tokens.append(tok)
+                self.parents.append(node)
+                self.depths.append(1 if node == ROOT else self.depths[node] + 1)
+                self._kids[node].append(found)
+                self._kids[found] = []
+                self._first.setdefault((node, tok), found)
+            out.append(found)
+            node = found
+        return out
+
+
+def _leader(context: Sequence[int], tree: DraftTree, node: int, length: int) -> tuple[int, ...] | None:
+    """The last `length` tokens of context + path_to(node), or None when the sequence is shorter."""
+    tail: list[int] = []
+    while node != ROOT and len(tail) < length:  # walk up at most `length` nodes: O(LL), not O(depth)
+        tail.append(tree.tokens[node])
+        node = tree.parents[node]
+    need = length - len(tail)
+    if need > len(context):
+        return None
+    head = list(context[len(context) - need:]) if need else []
+    return tuple(head + tail[::-1])
+
+
+def grow_tree(context_tokens: Sequence[int], tables: Sequence, tdl: int = 96, crt: int = 16, refed: int = 1,
+              merge: bool = False) -> DraftTree:
+    """Cacheback's draft tree for the committed `context_tokens` (root = the last one); see the module doc."""
+    for name, value in (("tdl", tdl), ("crt", crt), ("refed", refed)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    if len(context_tokens) == 0:
+        raise ValueError("context_tokens is empty: the root is its last token")
+    context = [int(t) for t in context_tokens]
+    tree = DraftTree(context[-1])
+    budget = tdl - refed  # draft nodes this forward may carry
+    frontier, level = [ROOT], 0
+    while frontier:
+        limit = budget - crt if level == 0 else budget  # CRT reserved for levels >= 1
+        new_leaves, cut = [], False
+        for node in frontier:
+            for table in tables:
+                leader = _leader(context, tree, node, table.leader_len)
+                if leader is None:
+                    continue
+                for follower in table.query(leader):
+                    cost = tree.chain_cost(node, follower, merge)
+                    if cost == 0:
+                        continue  # merge: already in the tree, no new leaf
+                    if len(tree) + cost > limit:
+                        cut = True
+                        break
+                    new_leaves.append(tree.add_chain(node, follower, merge)[-1])
+                if cut:
+                    break
+            if cut:
+                break
+        if cut and level > 0:
+            break  # the whole budget is used
+        frontier, level = new_leaves, level + 1
+    return tree
