@@ -54,11 +54,12 @@ def accept_lengths_from_starts(starts: list[int], prompt_length: int, new_tokens
 
 
 def _generation_config(req: Request, **extra):
-    """A private GenerationConfig for this call: HF warns when a config and loose arguments are mixed, and
-    falls back to the model's EOS when `eos_token_id` is passed as None."""
+    """A private GenerationConfig for this call (HF warns when a config and loose arguments are mixed)."""
     config = copy.deepcopy(req.target.generation_config)
     sampling = req.sampling
-    settings = dict(max_new_tokens=req.max_new_tokens, min_new_tokens=0, eos_token_id=req.eos_token_id,
+    # eos None means "never stop at EOS": HF refills a None EOS from the model's defaults, an empty list it keeps.
+    eos = req.eos_token_id if req.eos_token_id is not None else []
+    settings = dict(max_new_tokens=req.max_new_tokens, min_new_tokens=0, eos_token_id=eos,
                     pad_token_id=req.eos_token_id if req.eos_token_id is not None else 0,
                     do_sample=not sampling.greedy, num_beams=1, **extra)
     if sampling.greedy:

@@ -74,6 +74,20 @@ def test_eos_stops_every_method():
         assert sum(result.accept_lengths) == len(expected)
 
 
+def test_eos_none_never_stops_even_at_the_models_default_eos():
+    """eos_token_id=None means no EOS stop, also for HF, whose generation_config carries a default EOS."""
+    target = random_lm("llama", seed=3, logit_scale=20.0)
+    draft = random_lm("llama", seed=4, layers=1, logit_scale=20.0)
+    ids = _prompt(97, 12, 3)
+    free = generate("autoregressive", target, ids, 30).new_tokens
+    target.generation_config.eos_token_id = free[0]  # HF would stop after one token if it used this default
+    try:
+        for method in ["hf"] + GREEDY_METHODS:
+            assert generate(method, target, ids, 30, draft=draft).new_tokens == free, method
+    finally:
+        target.generation_config.eos_token_id = None
+
+
 def test_max_new_tokens_zero_and_exact():
     target = random_lm("llama", seed=5)
     ids = _prompt(97, 8, 5)

@@ -1,0 +1,233 @@
+"""Benchmark harness: decoding speed of every method on a prompt suite, measured in one run.
+
+    python -m specdec_lib.bench --models tiny --suite code --methods hf,autoregressive,hf_prompt_lookup,hf_assisted
+
+What it measures, per method: tokens/s, speedup over "hf" (Hugging Face `generate`, greedy), MAT (mean
+tokens gained per target forward, bonus token included), target forwards per prompt, and whether the
+tokens equal hf's (every method here is lossless under greedy decoding, so a mismatch is a bug).
+
+Protocol (the one of Spec-Bench, Xia et al. 2024, at batch size 1):
+- every method runs in the same process on the same machine, models loaded once; greedy decoding, no EOS
+  stop, so each run makes exactly `max_new_tokens` tokens and all methods do the same work;
+- a warm-up first: each method once on the first prompt, not recorded (allocator, kernels, caches);
+- then for every prompt and every repeat the methods run *interleaved*, their order rotated from one
+  (prompt, repeat) to the next, so a slow drift of the machine (clock, other load) spreads over all
+  methods instead of landing on the one that ran last;
+- `summarize` takes, per method and prompt, the median wall time over repeats; tokens/s is total new
+  tokens / total of those medians (aggregate throughput over the suite; Spec-Bench averages per-prompt
+  speeds instead, which gives short fast runs more weight), and speedup is that over hf's from the same
+  run. MAT is total new tokens / total target forwards.
+
+Suites: "code" and "editing" are the project's own (data/prompts/, written by `specdec_lib.make_prompts`);
+any other name is a hub dataset (`--prompt-field`, `--split`) or a local .jsonl file. The CLI takes the
+first 12 prompts by default (`--limit 0`: all 24), 128 new tokens, 3 repeats.
+
+Simplifications: batch size 1; wall time includes everything `generate` does (prefill included); prompts
+longer than the target's context minus max_new_tokens keep their last tokens.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from .decoding import METHODS, context_length, generate
+from .models import DATA_DIR
+
+SUITES = ("code", "editing")
+PROMPTS_DIR = DATA_DIR / "prompts"
+DEFAULT_LIMIT = 12  # CLI default: the first 12 prompts of a suite (24 x 3 repeats took 8 minutes on 2 CPU cores)
+
+
+def _json_rows(path: Path) -> list[dict]:
+    try:
+        import datasets
+    except ImportError:  # the GPU image has no `datasets`: read the same rows directly
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return list(datasets.load_dataset("json", data_files=str(path), split="train"))
+
+
+def load_suite(name: str, limit: int | None = None, prompt_field: str = "prompt",
+               split: str = "train") -> list[dict]:
+    """The prompts of a suite as [{"id", "prompt"}, ...] (first `limit` only, when given)."""
+    if name in SUITES or name.endswith((".jsonl", ".json")):
+        path = PROMPTS_DIR / f"{name}.jsonl" if name in SUITES else Path(name)
+        if not path.exists():
+            raise FileNotFoundError(f"{path} is missing; write the suites with `python -m specdec_lib.make_prompts`")
+        rows = _json_rows(path)
+    else:
+        try:
+            import datasets
+            rows = datasets.load_dataset(name, split=split)
+        except Exception as err:  # offline, unknown name, no `datasets`: all say the same to the user
+            raise ValueError(f"could not load suite {name!r} as a hub dataset ({type(err).__name__}: {err}); "
+                             f"the built-in suites are {', '.join(SUITES)}: offline, use one of those") from err
+        if prompt_field not in rows.column_names:
+            raise ValueError(f"suite {name!r} has no field {prompt_field!r}; pass --prompt-field, one of "
+                             f"{rows.column_names}")
+        rows = rows.select(range(min(limit, len(rows)))) if limit is not None else rows
+    out = []
+    for i, row in enumerate(rows):
+        prompt = row[prompt_field]
+        if isinstance(prompt, list):  # multi-turn sets (MT-Bench's "turns"): the first turn
+            prompt = prompt[0]
+        out.append({"id": str(row.get("id", row.get("question_id", i))), "prompt": prompt})
+    return out[:limit] if limit is not None else out
+
+
+def run_bench(pair, suite, methods, max_new_tokens: int = 128, repeats: int = 3, warmup: int = 1,
+              limit: int | None = None, config: dict | None = None, progress: bool = True) -> pd.DataFrame:
+    """One row per (method, prompt, repeat). `suite` is a suite name or a list of prompts (str or dict).
+
+    "hf" is added first when missing: it is the reference for both the speedup and the lossless check.
+    `config` maps a method to extra keyword arguments of `generate`, e.g. {"hf_assisted": {"gamma": 4}}."""
+    from tqdm.auto import tqdm
+
+    config = config or {}
+    methods = list(methods) if not isinstance(methods, str) else methods.split(",")
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown methods {unknown}; known: {', '.join(sorted(METHODS))}")
+    methods = ["hf"] + [m for m in methods if m != "hf"]
+    prompts = load_suite(suite, limit) if isinstance(suite, str) else list(suite)[:limit]
+    prompts = [p if isinstance(p, dict) else {"id": str(i), "prompt": p} for i, p in enumerate(prompts)]
+    if not prompts:
+        raise ValueError("the suite has no prompts")
+    budget = (context_length(pair.target) or 10**9) - max_new_tokens
+    encoded = [pair.encode(p["prompt"])[:, -budget:] for p in prompts]
+    greedy = {m: float(config.get(m, {}).get("temperature", 0.0)) == 0.0 for m in methods}
+
+    def run(method, ids):
+        return generate(method, pair.target, ids, max_new_tokens, draft=pair.draft, eos_token_id=None,
+                        **config.get(method, {}))
+
+    for _ in range(warmup):
+        for method in methods:
+            run(method, encoded[0])
+    rows = []
+    bar = tqdm(total=len(prompts) * repeats * len(methods), desc=f"bench {pair.name}", disable=not progress)
+    for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
+        tokens = {}
+        for r in range(repeats):
+            shift = (i * repeats + r) % len(methods)
+            for order, method in enumerate(methods[shift:] + methods[:shift]):
+                result = run(method, ids)
+                tokens[method, r] = result.new_tokens
+                rows.append(dict(method=method, prompt_id=prompt["id"], repeat=r, order=order,
+                                 prompt_tokens=ids.shape[1], new_tokens=len(result.new_tokens),
+                                 wall_seconds=result.wall_seconds, tokens_per_second=result.tokens_per_second,
+                                 target_forwards=result.target_forwards, mat=result.mean_accepted,
+                                 draft_forwards=result.stats.get("draft_forwards")))
+                bar.update()
+        for row in rows[-repeats * len(methods):]:
+            if greedy[row["method"]] and greedy["hf"]:
+                row["matches_hf"] = tokens[row["method"], row["repeat"]] == tokens["hf", 0]
+            else:
+                row["matches_hf"] = None  # sampling: equal tokens are not expected
+    bar.close()
+    return pd.DataFrame(rows)
+
+
+def summarize(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per method, hf first: tokens/s = total tokens / total per-prompt median time (see docstring)."""
+    per_prompt = runs.groupby(["method", "prompt_id"], sort=False).agg(
+        new_tokens=("new_tokens", "median"), wall_seconds=("wall_seconds", "median")).reset_index()
+    rows = []
+    for method, group in per_prompt.groupby("method", sort=False):
+        mine = runs[runs.method == method]
+        matches = mine.matches_hf.dropna()
+        rows.append(dict(method=method, prompts=len(group),
+                         tokens_per_s=group.new_tokens.sum() / group.wall_seconds.sum(),
+                         mat=mine.new_tokens.sum() / mine.target_forwards.sum(),
+                         target_forwards=mine.target_forwards.mean(),
+                         seconds=group.wall_seconds.sum(),
+                         all_match_hf=bool(matches.all()) if len(matches) else None))
+    table = pd.DataFrame(rows)
+    hf = table.loc[table.method == "hf", "tokens_per_s"]
+    table.insert(3, "speedup", table.tokens_per_s / hf.iloc[0] if len(hf) else math.nan)
+    table["_first"] = table.method != "hf"
+    return table.sort_values("_first", kind="stable").drop(columns="_first").reset_index(drop=True)
+
+
+def machine_info(pair=None) -> dict:
+    import transformers
+
+    device = pair.device if pair is not None else torch.device("cpu")
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = platform.processor() or platform.machine()
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+        except OSError:
+            pass
+        name = f"CPU {name}, {torch.get_num_threads()} threads"
+    return {"device": name, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+def _clean(value):
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def main(argv=None) -> pd.DataFrame:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="tiny", help='"tiny" or "TARGET_DIR,DRAFT_DIR" (dirs or hub ids)')
+    parser.add_argument("--suite", default="code", help="code, editing, a hub dataset or a .jsonl file")
+    parser.add_argument("--methods", default="hf,autoregressive,hf_prompt_lookup,hf_assisted")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--limit", type=int, default=DEFAULT_LIMIT,
+                        help=f"first N prompts only (default {DEFAULT_LIMIT}, a few minutes on 2 CPU cores; 0: all)")
+    parser.add_argument("--prompt-field", default="prompt", help="hub suites: the column holding the prompt")
+    parser.add_argument("--split", default="train", help="hub suites: the split")
+    parser.add_argument("--config", default="{}", help='per-method settings as JSON: {"hf_assisted": {"gamma": 4}}')
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--out", default="results")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    from .models import load_models
+
+    spec = "tiny" if args.models == "tiny" else tuple(args.models.split(","))
+    pair = load_models(spec, device=args.device, dtype=args.dtype)
+    prompts = load_suite(args.suite, args.limit or None, args.prompt_field, args.split)
+    config = json.loads(args.config)
+    runs = run_bench(pair, prompts, args.methods.split(","), args.max_new_tokens, args.repeats, args.warmup,
+                     config=config, progress=not args.no_progress)
+    summary = summarize(runs)
+    machine = machine_info(pair)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = Path(args.suite).stem if args.suite.endswith((".jsonl", ".json")) else args.suite.replace("/", "_")
+    base = out / f"bench_{tag}_{stamp}"
+    runs.to_csv(base.with_suffix(".csv"), index=False)
+    meta = dict(suite=args.suite, models=pair.name, methods=list(summary.method), prompts=len(prompts),
+                max_new_tokens=args.max_new_tokens, repeats=args.repeats, warmup=args.warmup, config=config,
+                dtype=str(next(pair.target.parameters()).dtype), timestamp=stamp, machine=machine)
+    records = [{k: _clean(v) for k, v in row.items()} for row in summary.to_dict(orient="records")]
+    base.with_suffix(".json").write_text(json.dumps({"meta": meta, "summary": records}, indent=2))
+    print(f"suite {args.suite}: {len(prompts)} prompts x {args.repeats} repeats, {args.max_new_tokens} new tokens, "
+          f"greedy, models {pair.name} ({meta['dtype']})")
+    print(f"machine: {machine['device']}; torch {machine['torch']}, transformers {machine['transformers']}")
+    print(summary.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    differ = runs[runs.matches_hf == False]  # noqa: E712  (None: sampling, not compared)
+    for (method, prompt_id), _ in differ.groupby(["method", "prompt_id"], sort=False):
+        print(f"WARNING: {method} and hf give different tokens on {prompt_id}: one of them is not lossless")
+    print(f"wrote {base.with_suffix('.csv')} and {base.with_suffix('.json')}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()

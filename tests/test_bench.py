@@ -1,0 +1,87 @@
+"""The benchmark harness and the prompt suites, on the shipped tiny pair (real models, no mocks)."""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specdec_lib import load_models
+from specdec_lib.bench import PROMPTS_DIR, load_suite, run_bench, summarize
+from specdec_lib.corpus import is_heldout
+
+ROOT = Path(__file__).resolve().parent.parent
+METHODS = ["hf", "autoregressive", "hf_prompt_lookup", "hf_assisted"]
+OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return load_models("tiny")
+
+
+@pytest.mark.parametrize("name", ["code", "editing"])
+def test_suites_load_and_fit_the_context(name, pair):
+    import datasets  # noqa: F401  (installed here, so load_suite goes through datasets' json builder)
+
+    prompts = load_suite(name)
+    raw = [json.loads(line) for line in (PROMPTS_DIR / f"{name}.jsonl").read_text().splitlines()]
+    assert len(prompts) == len(raw) >= 20
+    assert [p["prompt"] for p in prompts] == [r["prompt"] for r in raw]
+    assert len({p["id"] for p in prompts}) == len(prompts)
+    assert all(r["suite"] == name for r in raw)
+    for row in raw:  # cut from held-out standard-library files only
+        assert is_heldout(re.search(r"Lib/(\S+)", row["source"]).group(1)), row["source"]
+    context = pair.target.config.max_position_embeddings
+    assert max(pair.encode(p["prompt"]).shape[1] for p in prompts) + 128 <= context // 2
+    assert load_suite(name, limit=3) == prompts[:3]
+
+
+def test_run_bench_tiny_is_lossless_and_consistent(pair):
+    runs = run_bench(pair, "code", METHODS, max_new_tokens=16, repeats=1, limit=2, progress=False)
+    assert len(runs) == 2 * len(METHODS)
+    assert set(runs.method) == set(METHODS) and (runs.new_tokens == 16).all()
+    assert runs.matches_hf.all()
+    table = summarize(runs).set_index("method")
+    assert list(table.index) == METHODS  # hf first, then the given order
+    assert table.all_match_hf.all()
+    assert table.loc["hf", "speedup"] == 1.0
+    assert table.loc["autoregressive", "mat"] == 1.0 and table.loc["hf", "mat"] == 1.0
+    assert table.loc["hf_assisted", "mat"] >= 1.0 and table.loc["hf_prompt_lookup", "mat"] >= 1.0
+    assert table.loc["autoregressive", "target_forwards"] == 16
+    assert (table.tokens_per_s > 0).all()
+
+
+def test_run_bench_adds_hf_and_rotates_the_order(pair):
+    prompts = ["def add(a, b):\n    return", "import os\n\n\ndef main():\n"]
+    runs = run_bench(pair, prompts, ["autoregressive"], max_new_tokens=4, repeats=2, warmup=0, progress=False)
+    assert set(runs.method) == {"hf", "autoregressive"} and runs.matches_hf.all()
+    first = runs[runs.order == 0].method.tolist()
+    assert first == ["hf", "autoregressive", "hf", "autoregressive"]  # interleaved, order rotated
+
+
+def test_cli_end_to_end(tmp_path):
+    cmd = [sys.executable, "-m", "specdec_lib.bench", "--models", "tiny", "--suite", "editing",
+           "--methods", ",".join(METHODS), "--limit", "1", "--max-new-tokens", "8", "--repeats", "1",
+           "--out", str(tmp_path), "--no-progress"]
+    done = subprocess.run(cmd, cwd=ROOT, env=OFFLINE, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "tokens_per_s" in done.stdout and "machine:" in done.stdout
+    csv, = tmp_path.glob("bench_editing_*.csv")
+    summary = json.loads(csv.with_suffix(".json").read_text())
+    assert [row["method"] for row in summary["summary"]] == METHODS
+    assert all(row["all_match_hf"] for row in summary["summary"])
+    assert summary["meta"]["machine"]["torch"] and summary["meta"]["max_new_tokens"] == 8
+    assert len(csv.read_text().splitlines()) == 1 + len(METHODS)
+
+
+def test_unknown_suite_offline_is_a_clear_error():
+    code = ("from specdec_lib.bench import load_suite\n"
+            "try:\n    load_suite('no-such-org/no-such-suite')\n"
+            "except ValueError as err:\n    print('ValueError:', err)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=OFFLINE, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("ValueError:") and "code, editing" in done.stdout
