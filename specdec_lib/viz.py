@@ -96,12 +96,14 @@ def speedup_explorer(cost_ratio: float = 0.2, alpha: float = 0.6, gamma: int = 4
                 view.layout.title.text = new.layout.title.text
                 view.layout.yaxis.range = new.layout.yaxis.range
     except (ImportError, ValueError):  # otherwise re-render a static figure into an Output
+        from IPython.display import display
+
         view = widgets.Output()
 
         def update(_=None):
             view.clear_output(wait=True)
             with view:
-                figure().show()
+                display(figure())
 
         update()
     for slider in (a, g, c, v):

@@ -1,0 +1,144 @@
+"""Execute the workbook's notebooks headless: `python -m specdec_lib.run_notebooks --out figures [--smoke]`.
+
+Each notebook under `notebooks/` (matching --pattern) runs top to bottom on a fresh `python3` kernel through
+nbclient. Like papermill, a cell is injected right after the cell tagged `parameters`; it sets
+`FIGURES_DIR = "<out>/<notebook stem>"` (figures are saved there as HTML) and, with --smoke, `SMOKE = True`
+(the notebook's next cell shrinks its sizes). The executed copy is written to `<out>/<name>.ipynb`, the time
+of each notebook is printed, and the exit status is non-zero, naming the notebook and the error, when any cell
+fails.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from queue import Empty
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+INJECTED_TAG = "injected-parameters"
+
+
+@dataclass
+class NotebookRun:
+    name: str
+    seconds: float
+    output: Path
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def inject_parameters(nb, params: dict) -> None:
+    """Insert (or replace) a code cell setting `params` right after the cell tagged `parameters`."""
+    nb.cells = [c for c in nb.cells if INJECTED_TAG not in c.get("metadata", {}).get("tags", [])]
+    index = next((i for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", [])),
+                 None)
+    source = "# Parameters injected by specdec_lib.run_notebooks\n" + "\n".join(
+        f"{key} = {value!r}" for key, value in params.items())
+    cell = nbformat.v4.new_code_cell(source, metadata={"tags": [INJECTED_TAG]})
+    nb.cells.insert(0 if index is None else index + 1, cell)
+
+
+def _poll_shell_in_slices(client, slice_s: float = 0.5) -> None:
+    """Make the kernel client's shell `get_msg(timeout)` poll in short slices.
+
+    nbclient waits for a cell's reply with one `poll(timeout)` of the whole cell timeout; when the kernel also
+    sends many iopub messages (ipywidgets' comm traffic), that poll can miss the wake-up and return only when
+    the timeout expires (jupyter/nbclient#312): a notebook with a slider view then stalls for `timeout` seconds
+    after that cell. Re-polling every `slice_s` seconds picks the waiting reply up at once."""
+    channel = client.kc.shell_channel
+    original = channel.get_msg
+
+    async def get_msg(timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = slice_s if deadline is None else max(0.0, min(slice_s, deadline - time.monotonic()))
+            try:
+                return await original(timeout=left)
+            except Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+
+    channel.get_msg = get_msg
+
+
+def run_notebook(path, out_dir, smoke: bool = False, timeout: int = 600, kernel_name: str = "python3") -> NotebookRun:
+    """Execute one notebook into `out_dir/<name>.ipynb`; never raises on a cell error (see `.error`)."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    path, out_dir = Path(path), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    nb = nbformat.read(path, as_version=4)
+    params = {"FIGURES_DIR": str((out_dir / path.stem).resolve())}
+    if smoke:
+        params["SMOKE"] = True
+    inject_parameters(nb, params)
+    client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name,
+                            resources={"metadata": {"path": str(path.parent)}})
+    client.on_notebook_start = lambda notebook: _poll_shell_in_slices(client)
+    error = None
+    start = time.perf_counter()
+    try:
+        client.execute()
+    except CellExecutionError as err:
+        error = str(err)
+    except Exception as err:  # kernel death, timeout, missing kernel: report it like a cell error
+        error = f"{type(err).__name__}: {err}"
+    seconds = time.perf_counter() - start
+    output = out_dir / path.name
+    nbformat.write(nb, output)
+    return NotebookRun(path.name, seconds, output, error)
+
+
+def find_notebooks(notebooks_dir=NOTEBOOKS_DIR, pattern: str = "*.ipynb") -> list[Path]:
+    return sorted(p for p in Path(notebooks_dir).glob(pattern) if ".ipynb_checkpoints" not in p.parts)
+
+
+def run_all(out_dir, smoke: bool = False, pattern: str = "*.ipynb", notebooks_dir=NOTEBOOKS_DIR,
+            timeout: int = 600, stop_on_error: bool = False, log=print) -> list[NotebookRun]:
+    paths = find_notebooks(notebooks_dir, pattern)
+    if not paths:
+        raise FileNotFoundError(f"no notebooks matching {pattern!r} under {notebooks_dir}")
+    runs = []
+    for path in paths:
+        log(f"running {path.name}{' (smoke)' if smoke else ''} ...", flush=True)
+        run = run_notebook(path, out_dir, smoke=smoke, timeout=timeout)
+        runs.append(run)
+        log(f"  {'ok' if run.ok else 'FAILED'} in {run.seconds:.1f} s -> {run.output}", flush=True)
+        if not run.ok and stop_on_error:
+            break
+    return runs
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="figures", help="folder for executed notebooks and figures")
+    parser.add_argument("--smoke", action="store_true", help="set SMOKE = True (small, fast runs)")
+    parser.add_argument("--pattern", default="*.ipynb", help="glob of notebook names, e.g. '0*.ipynb'")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell")
+    parser.add_argument("--notebooks", default=str(NOTEBOOKS_DIR), help="folder holding the notebooks")
+    parser.add_argument("--stop-on-error", action="store_true", help="stop at the first failing notebook")
+    args = parser.parse_args(argv)
+    try:
+        runs = run_all(args.out, smoke=args.smoke, pattern=args.pattern, notebooks_dir=args.notebooks,
+                       timeout=args.timeout, stop_on_error=args.stop_on_error)
+    except FileNotFoundError as err:
+        print(err, file=sys.stderr)
+        return 2
+    total = sum(r.seconds for r in runs)
+    print(f"{sum(r.ok for r in runs)}/{len(runs)} notebooks ok in {total:.1f} s")
+    failed = [r for r in runs if not r.ok]
+    for run in failed:
+        print(f"\nFAILED: {run.name} (executed copy: {run.output})\n{run.error}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

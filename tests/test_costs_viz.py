@@ -1,0 +1,123 @@
+"""costs: the expected-speedup arithmetic against brute force, a real timing run; viz: figures carry the data."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+import torch
+
+from specdec_lib import costs, viz
+from specdec_lib.decoding import GenerationResult
+
+
+def brute_force_tokens(alpha: float, gamma: int) -> float:
+    """E[tokens] by enumerating accept/reject outcomes of the gamma drafted tokens (i.i.d. acceptance)."""
+    total = 0.0
+    for outcome in itertools.product([True, False], repeat=gamma):
+        accepted = next((i for i, ok in enumerate(outcome) if not ok), gamma)  # first rejection
+        prob = np.prod([alpha if ok else 1 - alpha for ok in outcome])
+        total += prob * (accepted + 1)  # accepted draft tokens + the bonus/corrected token
+    return total
+
+
+@pytest.mark.parametrize("alpha,gamma", [(0.0, 3), (0.3, 1), (0.5, 4), (0.8, 6), (0.95, 5), (0.999, 2)])
+def test_expected_tokens_matches_brute_force(alpha, gamma):
+    assert costs.expected_tokens_per_step(alpha, gamma) == pytest.approx(brute_force_tokens(alpha, gamma), rel=1e-9)
+
+
+def test_expected_tokens_limits_and_arrays():
+    for gamma in (0, 1, 5, 10):
+        assert costs.expected_tokens_per_step(1.0, gamma) == gamma + 1
+        assert costs.expected_tokens_per_step(0.0, gamma) == 1.0
+    assert costs.expected_tokens_per_step(1 - 1e-9, 7) == pytest.approx(8.0, rel=1e-6)
+    grid = costs.expected_tokens_per_step(np.array([0.0, 0.5, 1.0])[None, :], np.array([1, 3])[:, None])
+    assert grid.shape == (2, 3)
+    np.testing.assert_allclose(grid, [[1.0, 1.5, 2.0], [1.0, 1.875, 4.0]])
+    with pytest.raises(ValueError):
+        costs.expected_tokens_per_step(1.5, 3)
+
+
+def test_expected_speedup():
+    assert costs.expected_speedup(0.9, 5, 0.05) > 2.5  # high acceptance, cheap draft
+    assert costs.expected_speedup(0.0, 4, 0.1) < 1.0  # nothing accepted: pure overhead
+    assert costs.expected_speedup(0.0, 4, 0.0) == pytest.approx(1.0)  # free draft, free verify: break even
+    # The formula itself: E[tokens] / (gamma * c + verify_overhead).
+    expected = costs.expected_tokens_per_step(0.7, 3) / (3 * 0.2 + 1.3)
+    assert costs.expected_speedup(0.7, 3, 0.2, verify_overhead=1.3) == pytest.approx(expected)
+    # A pricier verification can only lower the speedup.
+    assert costs.expected_speedup(0.7, 3, 0.2, 1.5) < costs.expected_speedup(0.7, 3, 0.2, 1.0)
+
+
+def test_forward_cost_on_tiny_target(tiny_pair):
+    df = costs.forward_cost(tiny_pair.target, q_values=(8, 1), prefix=16, repeats=2, warmup=1, name="target")
+    assert df["q"].tolist() == [1, 8]
+    assert (df["median_ms"] > 0).all() and (df["min_ms"] <= df["median_ms"]).all()
+    assert (df["model"] == "target").all() and (df["prefix"] == 16).all()
+    np.testing.assert_allclose(df["ms_per_token"], df["median_ms"] / df["q"])
+    assert df["relative"].iloc[0] == pytest.approx(1.0)
+    v = costs.verify_overhead(df, "target", gamma=7)  # q = 8 over q = 1
+    assert v == pytest.approx(df["median_ms"].iloc[1] / df["median_ms"].iloc[0])
+    with pytest.raises(ValueError):
+        costs.forward_cost(tiny_pair.target, q_values=(64,), prefix=1000)  # past the 1024-token context
+
+
+def test_measured_agreement(tiny_pair):
+    ids = tiny_pair.encode("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n")
+    assert costs.measured_agreement(tiny_pair.target, tiny_pair.target, ids) == 1.0
+    agreement = costs.measured_agreement(tiny_pair.target, tiny_pair.draft, ids[0])  # 1-D input works too
+    assert 0.0 <= agreement <= 1.0
+    with torch.inference_mode():
+        t = tiny_pair.target(input_ids=ids).logits[0].argmax(-1)
+        d = tiny_pair.draft(input_ids=ids).logits[0].argmax(-1)
+    assert agreement == pytest.approx(float((t == d).float().mean()))
+
+
+def test_cost_curve_figure_traces_match_table():
+    df = pd.DataFrame(dict(model=["target"] * 3 + ["draft"] * 3, device="cpu", prefix=256, q=[1, 4, 16] * 2,
+                           median_ms=[5.0, 5.5, 8.0, 1.0, 1.1, 1.5]))
+    fig = viz.cost_curve_figure(df)
+    assert isinstance(fig, go.Figure)
+    assert [t.name for t in fig.data] == ["target", "draft"]
+    assert list(fig.data[0].x) == [1, 4, 16] and list(fig.data[0].y) == [5.0, 5.5, 8.0]
+    assert list(fig.data[1].y) == [1.0, 1.1, 1.5]
+    assert fig.layout.xaxis.type == "log"
+    two_devices = pd.concat([df, df.assign(device="cuda:0", median_ms=df["median_ms"] / 10)])
+    assert len(viz.cost_curve_figure(two_devices).data) == 4
+
+
+def test_speedup_surface_figure_values():
+    alphas, gammas = np.linspace(0, 1, 5), [1, 2, 4]
+    fig = viz.speedup_surface_figure(alphas, gammas, cost_ratio=0.1)
+    heat = fig.data[0]
+    assert list(heat.x) == alphas.tolist() and list(heat.y) == gammas
+    z = np.array(heat.z)
+    assert z.shape == (3, 5)
+    assert z[2, 4] == pytest.approx(costs.expected_speedup(1.0, 4, 0.1))
+    assert z[0, 0] == pytest.approx(costs.expected_speedup(0.0, 1, 0.1))
+
+
+def test_bench_figure_bars_equal_summary():
+    summary = pd.DataFrame(dict(method=["hf", "autoregressive", "hf_assisted"], tokens_per_s=[120.0, 100.0, 90.0],
+                                mat=[1.0, 1.0, 2.3]))
+    fig = viz.bench_figure(summary)
+    assert isinstance(fig, go.Figure)
+    assert list(fig.data[0].x) == summary["method"].tolist()
+    assert list(fig.data[0].y) == summary["tokens_per_s"].tolist()
+    assert list(fig.data[1].y) == summary["mat"].tolist()
+    indexed = viz.bench_figure(summary.set_index("method"))  # method as the index works the same
+    assert list(indexed.data[0].y) == summary["tokens_per_s"].tolist()
+
+
+def test_acceptance_figure_and_explorer():
+    result = GenerationResult(new_tokens=list(range(9)), accept_lengths=[1, 3, 1, 4], target_forwards=4,
+                              method="demo")
+    fig = viz.acceptance_figure(result)
+    assert list(fig.data[0].y) == [1, 3, 1, 4] and list(fig.data[0].x) == [0, 1, 2, 3]
+    box = viz.speedup_explorer(cost_ratio=0.25, alpha=0.7, gamma=3)
+    sliders = {w.description: w for row in box.children[:2] for w in row.children}
+    assert sliders["alpha"].value == 0.7 and sliders["gamma"].value == 3
+    assert sliders["cost ratio c"].value == 0.25
+    sliders["gamma"].value = 5  # moving a slider re-renders without error
