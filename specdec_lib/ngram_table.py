@@ -290,10 +290,44 @@ def build_frozen_table(tokenizer, texts, leader_len=1, follower_len=3, leader_ca
     as in `ModelPair.encode`, so the table holds the ids the decoder will query it with."""
     from tqdm.auto import tqdm
 
-    texts, streams = list(texts[text_column] if hasattr(texts, "column_names") else texts), []
+    if hasattr(texts, "column_names") or isinstance(texts, dict):  # a Dataset, or load_corpus's plain columns
+        texts = texts[text_column]
+    texts, streams = list(texts), []
+    if not all(isinstance(t, str) for t in texts):
+        raise TypeError("texts must be strings (or a dataset / dict with a text column)")
     for start in tqdm(range(0, len(texts), batch_size), desc="tokenize", disable=not progress):
         # verbose=False: corpus files are longer than the model's context, which is fine for counting.
         batch = tokenizer(texts[start:start + batch_size], add_special_tokens=False, verbose=False)
         streams.extend(batch["input_ids"])
     return FrozenNgramTable.from_token_streams(streams, leader_len, follower_len, leader_capacity,
                                                follower_capacity, progress=progress, meta=tokenizer_meta(tokenizer))
+
+
+def frozen_table_path(leader_len: int = 1, follower_len: int = 3, name: str = "tiny") -> Path:
+    """Where the workbook keeps a pair's frozen table: data/tables/<name>_frozen_LL<ll>_FL<fl>.npz."""
+    from .models import DATA_DIR
+    return DATA_DIR / "tables" / f"{name}_frozen_LL{leader_len}_FL{follower_len}.npz"
+
+
+def main(argv=None) -> int:
+    """`python -m specdec_lib.ngram_table --build-frozen`: the tiny pair's frozen table, paper defaults (LC: all)."""
+    import argparse, tempfile  # noqa: E401
+    from transformers import AutoTokenizer
+    from .corpus import load_corpus
+    from .models import TINY_DIR
+    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    parser.add_argument("--build-frozen", action="store_true", required=True, help="build and save the table")
+    for flag, default in (("--ll", 1), ("--fl", 3), ("--lc", 2**20), ("--fc", 128)):
+        parser.add_argument(flag, type=int, default=default)
+    parser.add_argument("--corpus-dir", default=str(Path(tempfile.gettempdir()) / "specdec_corpus"))
+    parser.add_argument("--out", default=None, help="default: data/tables/tiny_frozen_LL<ll>_FL<fl>.npz")
+    args = parser.parse_args(argv)
+    tokenizer = AutoTokenizer.from_pretrained(str(TINY_DIR / "target"))
+    texts = load_corpus(args.corpus_dir)["train"]["text"]  # training split only; a list also without `datasets`
+    table = build_frozen_table(tokenizer, texts, args.ll, args.fl, args.lc, args.fc)
+    print(table, "->", table.save(args.out or frozen_table_path(args.ll, args.fl)), table.size_summary())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -11,8 +11,11 @@ One step:
    (q, V), row r = the next-token logits after the root-to-row path.
 2. `walk_tree`: from the root, pick the target's token for the current row (argmax when greedy, else a
    seeded sample from the warped p, via sampling.pick_token); if a child of the current node carries that
-   token, accept it and continue from its row (the FIRST such child wins when siblings repeat a token);
-   otherwise the picked token is the bonus token. Every emitted token is drawn from p given exactly the
+   token, accept it and continue; otherwise the picked token is the bonus token. Without trie merging,
+   siblings often repeat a token (followers of one leader share their first tokens), and the chain that
+   continues may hang under any of them: so the walk follows the SET of all nodes whose paths spell the
+   accepted tokens (they share one prefix, hence one next-token distribution, read from the set's first
+   row), and commits the path of the first node of the deepest set. Every emitted token is drawn from p given exactly the
    tokens before it, with one draw per token like autoregressive decoding, so for deterministic drafts
    (tables, prompt lookup) the output is distributed exactly as autoregressive sampling: lossless.
 3. `commit`: keep prefix + root + accepted nodes' KV entries in path order (kv_cache.compact). The cache
@@ -64,14 +67,14 @@ def tree_logits(target, cache, tree: DraftTree, prefix_len: int) -> torch.Tensor
 def walk_tree(tree: DraftTree, logits: torch.Tensor, sampling: SamplingConfig = SamplingConfig(),
               generator: torch.Generator | None = None) -> tuple[list[int], list[int], int]:
     """The accepted path and bonus token from a tree's logits (1 + n, V); see the module doc."""
-    node, accepted = ROOT, []
+    nodes = [ROOT]  # every node whose path spells the tokens accepted so far
     while True:
-        token = pick_token(logits[node + 1], sampling, generator)  # row node + 1 holds node's logits
-        child = tree.child_with(node, token)  # the first child carrying the token wins
-        if child is None:
+        token = pick_token(logits[nodes[0] + 1], sampling, generator)  # row i + 1 holds node i's logits
+        matching = [c for node in nodes for c in tree.children(node) if tree.tokens[c] == token]
+        if not matching:
+            accepted = tree.path_to(nodes[0])  # a real root-to-node chain (empty at the root)
             return accepted, [tree.tokens[i] for i in accepted], token
-        accepted.append(child)
-        node = child
+        nodes = matching
 
 
 def commit(cache, prefix_len: int, accepted: list[int]) -> None:

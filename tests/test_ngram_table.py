@@ -334,3 +334,17 @@ def test_build_from_texts_with_shipped_tokenizer(tokenizer, tmp_path):
 
     with pytest.raises(ValueError, match="other"):
         FrozenNgramTable.load(path, tokenizer=OtherTokenizer())
+
+
+def test_build_frozen_table_accepts_plain_corpus_columns_and_refuses_non_text():
+    from specdec_lib.ngram_table import build_frozen_table
+    from transformers import AutoTokenizer
+    from specdec_lib.models import TINY_DIR
+
+    tokenizer = AutoTokenizer.from_pretrained(str(TINY_DIR / "target"))
+    texts = ["for i in range(10):\n    print(i)\n"] * 3
+    from_dict = build_frozen_table(tokenizer, {"path": ["a", "b", "c"], "text": texts}, progress=False)
+    from_list = build_frozen_table(tokenizer, texts, progress=False)
+    assert len(from_dict) == len(from_list) > 0
+    with pytest.raises(TypeError, match="strings"):
+        build_frozen_table(tokenizer, [[1, 2, 3]], progress=False)

@@ -174,6 +174,26 @@ def test_empty_tree_is_one_autoregressive_step(models):
     assert (accepted, tokens, bonus, cache_length(cache)) == ([], [], expected, 4)
 
 
+def test_walk_follows_every_sibling_that_repeats_a_token(models):
+    """Unmerged trees repeat first tokens among siblings; the chain that continues may hang under the second
+    copy. The walk must find it (a first-child-only walk would stop after one token)."""
+    model = models["llama"]
+    prefix = [5, 6, 7]
+    with torch.no_grad():
+        g, _ = greedy_continuation(model, prefill(model, prefix), 8, 4)  # g[0..2] follow the root; g[3] = bonus
+        wrong = (g[1] + 1) % VOCAB
+        tree = DraftTree(8)
+        tree.add_chain(ROOT, [g[0], wrong])  # first copy of g[0]: a dead end after one token
+        deep = tree.add_chain(ROOT, [g[0], g[1], g[2]])  # second copy: the target's whole continuation
+        assert tree.children(ROOT) == [0, 2]  # two siblings carry g[0]
+        cache = prefill(model, prefix)
+        verdict = verify_tree(model, cache, tree, len(prefix))
+        after = model(input_ids=torch.tensor([[g[3]]]), past_key_values=cache, use_cache=True).logits[0, -1]
+        fresh = model(input_ids=torch.tensor([prefix + [8] + g])).logits[0, -1]
+    assert verdict.accepted == deep and verdict.tokens == g[:3] and verdict.bonus == g[3]
+    torch.testing.assert_close(after, fresh, rtol=0, atol=1e-9)  # the committed cache is that chain's
+
+
 def test_verify_refuses_a_cache_holding_the_root(models):
     model = models["llama"]
     with torch.no_grad(), pytest.raises(ValueError, match="prefix_len"):

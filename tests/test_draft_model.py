@@ -1,0 +1,319 @@
+"""Draft-model speculative decoding (issue 4): greedy parity with "hf", the four cache scenarios, the cache
+invariant, and lossless speculative sampling checked against an exact enumeration (with negative controls).
+
+Every draft_model call here passes debug=True: after each step both caches must hold exactly the tokens
+they were fed (a prefix of the output) and the target's all committed tokens but the last.
+
+Sampling tests (specdec_lib.lossless): chi-square at alpha = 1e-3 per test; seeds are fixed, so each test
+is deterministic (a lossless method fails with probability ~1e-3 over the choice of seeds, not per run).
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from specdec_lib import draft_model as dm
+from specdec_lib import generate, kv_cache
+from specdec_lib.draft_model import TrackedCache, speculative_verify
+from specdec_lib.lossless import (chi_square_test, empirical_distribution, exact_sequence_distribution,
+                                  lossless_check, total_variation)
+from specdec_lib.sampling import SamplingConfig
+
+from conftest import random_lm
+
+VOCAB = 97
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # many tiny forwards: on a shared 2-core machine thread hand-offs cost more than the arithmetic
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _prompt(length: int, seed: int, vocab: int = VOCAB) -> torch.Tensor:
+    return torch.randint(0, vocab, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _noisy_copy(model, scale: float, seed: int):
+    """The target with noise on its LM head: a draft that agrees often, not always (partial acceptance)."""
+    draft = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        w = draft.lm_head.weight
+        w.add_(scale * w.std() * torch.randn(w.shape, generator=g, dtype=w.dtype))
+    return draft
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    """{kind: (target, {"same": target, "noisy": near copy, "unrelated": random draft})} per seed."""
+    out = {}
+    for kind in ("llama", "qwen2"):
+        for seed in (0, 1):
+            target = random_lm(kind, seed=seed, layers=3, logit_scale=20.0)
+            drafts = {"same": target, "noisy": _noisy_copy(target, 1.0, seed),
+                      "unrelated": random_lm(kind, seed=seed + 100, layers=1, logit_scale=20.0)}
+            out[kind, seed] = (target, drafts)
+    return out
+
+
+def _check_contract(result, n):
+    assert len(result.new_tokens) == n
+    assert sum(result.accept_lengths) == len(result.new_tokens)
+    assert result.target_forwards == len(result.accept_lengths) == len(result.stats["steps"])
+    assert all(a >= 1 for a in result.accept_lengths)
+    steps = result.stats["steps"]
+    assert result.stats["draft_forwards"] == sum(s["drafted"] for s in steps)
+    assert all(s["emitted"] <= s["accepted"] + 1 and s["drafted"] <= g for s, g in zip(steps, result.stats["gammas"]))
+
+
+def _remaining(result) -> list[int]:
+    """Tokens still to make at the start of each step."""
+    n = len(result.new_tokens)
+    return [n - sum(result.accept_lengths[:i]) for i in range(len(result.accept_lengths))]
+
+
+# ---------------------------------------------------------------- greedy parity
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_greedy_parity_random_float64(pairs, kind, seed):
+    target, drafts = pairs[kind, seed]
+    ids = _prompt(20, seed)
+    reference = generate("hf", target, ids, 40).new_tokens
+    for gamma in (1, 3, 5, 8):
+        for name, draft in drafts.items():
+            result = generate("draft_model", target, ids, 40, draft=draft, gamma=gamma, debug=True)
+            assert result.new_tokens == reference, (gamma, name)
+            _check_contract(result, 40)
+            steps = result.stats["steps"]
+            if name == "same":  # full acceptance every step (scenario 3 each time), the last one clipped
+                assert all(s["accepted"] == s["drafted"] for s in steps)
+                assert result.accept_lengths[:-1] == [gamma + 1] * (len(steps) - 1)
+            elif name == "unrelated":  # rejection at once
+                assert steps[0]["accepted"] == 0 and result.stats["acceptance_rate"] < 0.2
+            else:  # partial acceptance somewhere
+                assert any(0 < s["accepted"] < s["drafted"] for s in steps) or gamma == 1
+                assert 0 < result.stats["acceptance_rate"] < 1
+
+
+def test_greedy_parity_shipped_pair_float64(tiny_pair64, tiny_pair):
+    target, draft, _ = tiny_pair64
+    prompts = ["import os\nimport sys\n\n\ndef main(argv):\n", "class Stack:\n    def __init__(self):\n"]
+    for text in prompts:
+        ids = tiny_pair.encode(text)
+        reference = generate("hf", target, ids, 48).new_tokens
+        for gamma in (2, 5):
+            result = generate("draft_model", target, ids, 48, draft=draft, gamma=gamma, debug=True)
+            assert result.new_tokens == reference, (text, gamma)
+            _check_contract(result, 48)
+        adaptive = generate("draft_model", target, ids, 48, draft=draft, adaptive=True, debug=True)
+        assert adaptive.new_tokens == reference
+
+
+@pytest.mark.parametrize("draft_name", ["same", "noisy", "unrelated"])
+def test_eos_inside_accepted_run(pairs, draft_name):
+    target, drafts = pairs["llama", 0]
+    ids = _prompt(12, 3)
+    free = generate("hf", target, ids, 30).new_tokens
+    gammas = (3, 4, 8)
+    # an EOS the greedy output reaches, first seen at a position that is a draft (not a bonus) for every gamma
+    # when the draft is the target: bonus tokens sit at indices (g + 1) m - 1
+    first = next(j for j in range(5, 30) if free.index(free[j]) == j and all(j % (g + 1) != g for g in gammas))
+    eos = free[first]
+    expected = free[: first + 1]
+    for gamma in gammas:
+        result = generate("draft_model", target, ids, 30, draft=drafts[draft_name], gamma=gamma,
+                          eos_token_id=eos, debug=True)
+        assert result.new_tokens == expected, gamma
+        assert sum(result.accept_lengths) == len(expected)
+        if draft_name == "same":  # the EOS was an accepted draft (not the bonus): the step's run was cut
+            last = result.stats["steps"][-1]
+            assert last["emitted"] <= last["accepted"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 13, 17])
+def test_max_new_tokens_not_a_multiple_of_gamma(pairs, n):
+    target, drafts = pairs["qwen2", 0]
+    ids = _prompt(10, n)
+    reference = generate("hf", target, ids, n).new_tokens
+    for gamma in (4, 5):
+        for name in ("same", "noisy"):
+            result = generate("draft_model", target, ids, n, draft=drafts[name], gamma=gamma, debug=True)
+            assert result.new_tokens == reference
+            _check_contract(result, n)
+            assert result.stats["gammas"] == [min(gamma, r - 1) for r in _remaining(result)]
+            if name == "same":  # never drafts a token that cannot be emitted
+                assert result.stats["drafted"] == n - result.target_forwards
+
+
+def test_adaptive_gamma_is_lossless_and_follows_hf_schedule(pairs):
+    target, drafts = pairs["llama", 1]
+    ids = _prompt(16, 5)
+    reference = generate("hf", target, ids, 60).new_tokens
+    for name, draft in drafts.items():
+        result = generate("draft_model", target, ids, 60, draft=draft, gamma=3, adaptive=True, debug=True)
+        assert result.new_tokens == reference, name
+        _check_contract(result, 60)
+    same = generate("draft_model", target, ids, 60, draft=drafts["same"], gamma=3, adaptive=True)
+    assert same.stats["gammas"][:4] == [3, 5, 7, 9]  # +2 after every full acceptance
+    unrelated = generate("draft_model", target, ids, 60, draft=drafts["unrelated"], gamma=3, adaptive=True)
+    assert unrelated.stats["gammas"][:4] == [3, 2, 1, 1]  # -1 after a rejection, never below 1
+    fixed = generate("draft_model", target, ids, 60, draft=drafts["noisy"], gamma=3)
+    assert fixed.stats["gammas"] == [min(3, r - 1) for r in _remaining(fixed)]  # off by default
+
+
+# ---------------------------------------------------------------- caches
+
+
+def test_tracked_cache_four_scenarios(pairs):
+    """Scenario by scenario, the lengths `commit` leaves (prompt of 5, gamma 3)."""
+    target, _ = pairs["llama", 0]
+    prompt = [3, 1, 4, 1, 5]
+    with torch.no_grad():
+        t, d = TrackedCache(target), TrackedCache(target)
+        # 1. first step: the draft prefills the prompt and drafts; the target scores prompt + 3 drafts
+        d.feed(prompt), d.feed([7]), d.feed([8])  # drafts 7, 8, 9 (9 never fed)
+        rows = t.feed(prompt + [7, 8, 9], keep=4)
+        assert rows.shape == (4, VOCAB) and kv_cache.cache_length(t.cache) == 8
+        # 3. all accepted + bonus 2: the target keeps 8, the draft its 7 (it has not seen 9 nor 2)
+        committed = prompt + [7, 8, 9, 2]
+        t.commit(committed), d.commit(committed)
+        assert (kv_cache.cache_length(t.cache), kv_cache.cache_length(d.cache)) == (8, 7)
+        t.check(committed, "target"), d.check(committed, "draft")
+        assert committed[len(d.tokens):] == [9, 2]  # the draft's next input is two tokens
+        # 2. next step: drafts 6, 6, 6; one accepted, then the target's 0
+        d.feed([9, 2]), d.feed([6]), d.feed([6])
+        t.feed([2, 6, 6, 6], keep=4)
+        committed += [6, 0]
+        t.commit(committed), d.commit(committed)
+        assert len(t.tokens) == len(d.tokens) == len(committed) - 1 == 10
+        t.check(committed, "target"), d.check(committed, "draft")
+
+
+def test_debug_check_catches_a_missing_rollback(pairs, monkeypatch):
+    target, drafts = pairs["llama", 0]
+    ids = _prompt(8, 0)
+    monkeypatch.setattr(kv_cache, "rollback", lambda cache, length: None)  # forget to crop
+    with pytest.raises(AssertionError, match="cache holds"):
+        generate("draft_model", target, ids, 20, draft=drafts["unrelated"], gamma=3, debug=True)
+
+
+# ---------------------------------------------------------------- errors, reproducibility
+
+
+@pytest.mark.parametrize("gamma", [0, -1, 2.5, True, "3", None])
+def test_bad_gamma(pairs, gamma):
+    target, drafts = pairs["llama", 0]
+    with pytest.raises(ValueError, match="gamma must be a positive int"):
+        generate("draft_model", target, [1, 2, 3], 4, draft=drafts["noisy"], gamma=gamma)
+
+
+def test_mismatched_vocabulary_names_both_sizes():
+    target = random_lm("llama", vocab=97, seed=9)
+    draft = random_lm("llama", vocab=50, seed=9, layers=1)
+    with pytest.raises(ValueError, match="target has 97 tokens, draft has 50"):
+        generate("draft_model", target, [1, 2, 3], 4, draft=draft)
+    with pytest.raises(ValueError, match="needs a draft"):
+        generate("draft_model", target, [1, 2, 3], 4)
+
+
+def test_seeded_sampling_is_reproducible(pairs):
+    target, drafts = pairs["qwen2", 1]
+    ids = _prompt(10, 7)
+    run = lambda seed, **kw: generate("draft_model", target, ids, 24, draft=drafts["noisy"], temperature=1.0,
+                                      seed=seed, debug=True, **kw)
+    a, b, c = run(11), run(11), run(12)
+    assert a.new_tokens == b.new_tokens and a.accept_lengths == b.accept_lengths
+    assert a.new_tokens != c.new_tokens
+    _check_contract(a, 24)
+    # top_k=1 makes p and q one-hot: sampling reduces to greedy, whatever the temperature
+    greedy = generate("hf", target, ids, 24).new_tokens
+    assert run(3, top_k=1).new_tokens == greedy
+    # sampling with EOS: the output stops right after the first EOS
+    eos = a.new_tokens[5]
+    for seed in range(5):
+        out = run(seed, eos_token_id=eos).new_tokens
+        assert eos not in out[:-1] and (out[-1] == eos or len(out) == 24)
+
+
+def test_speculative_verify_edge_cases():
+    p = torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])
+    gen = torch.Generator().manual_seed(0)
+    # q == p: every draft is accepted, then the bonus comes from the last row
+    k, _ = speculative_verify(p, p[:1].clone(), [1], gen)
+    assert k == 1
+    # the draft is sure of a token the target never picks: always rejected, resampled from the residual
+    q = torch.tensor([[0.0, 0.0, 1.0]])
+    for _ in range(20):
+        k, nxt = speculative_verify(p, q, [2], gen)
+        assert k == 0 and nxt in (0, 1)
+    assert torch.equal(dm.residual(p[0], p[0]), p[0])  # all-zero residual: fall back to p
+
+
+# ---------------------------------------------------------------- lossless sampling
+
+
+SMALL_VOCAB = 8
+PROMPT = torch.tensor([[1, 2, 3]])
+
+
+@pytest.fixture(scope="module")
+def peaked_pair():
+    """Tiny vocab-8 target and an unrelated draft; scaled LM heads make p and q peaked and different
+    (next-token max p ~0.3, min(p, q) mass ~0.46: many rejections, so the residual matters)."""
+    target = random_lm("llama", vocab=SMALL_VOCAB, layers=1, hidden=16, seed=1, logit_scale=20.0)
+    draft = random_lm("qwen2", vocab=SMALL_VOCAB, layers=1, hidden=16, seed=2, logit_scale=20.0)
+    return target, draft
+
+
+def test_exact_distribution_and_chi_square_helpers(peaked_pair):
+    target, _ = peaked_pair
+    exact = exact_sequence_distribution(target, PROMPT, 2, SamplingConfig(1.0))
+    assert len(exact) == SMALL_VOCAB ** 2 and abs(sum(exact.values()) - 1) < 1e-12
+    with torch.no_grad():  # the first token's marginal is p itself
+        p = torch.softmax(target(PROMPT).logits[0, -1].float(), -1).double()
+    marginal = torch.zeros(SMALL_VOCAB, dtype=torch.float64)
+    for (x, _), m in exact.items():
+        marginal[x] += m
+    assert torch.allclose(marginal, p, atol=1e-6)
+    topk = exact_sequence_distribution(target, PROMPT, 2, SamplingConfig(1.0, top_k=2))
+    assert len(topk) == 4
+    # counts equal to expectations pass; an impossible sequence fails outright
+    counts = {k: round(v * 10_000) for k, v in exact.items()}
+    assert chi_square_test(exact, counts).passed and total_variation(exact, counts) < 1e-3
+    assert not chi_square_test(topk, {**{k: 100 for k in topk}, (7, 7): 1}).passed
+    skewed = dict(counts)
+    top = max(exact, key=exact.get)
+    skewed[top] = int(skewed[top] * 1.3)
+    assert not chi_square_test(exact, skewed).passed
+
+
+@pytest.mark.parametrize("method, n, options", [
+    ("draft_model", 4000, dict(gamma=2)),
+    ("draft_model", 2000, dict(gamma=3, top_k=3)),
+    ("autoregressive", 3000, dict()),
+])
+def test_sampling_is_lossless(peaked_pair, method, n, options):
+    target, draft = peaked_pair
+    report = lossless_check(method, target, PROMPT, length=3, n_samples=n, draft=draft, **options)
+    assert report.passed, str(report)
+
+
+@pytest.mark.parametrize("wrong", ["accept_iff_p_ge_q", "resample_from_p"])
+def test_negative_control_wrong_rule_is_caught(peaked_pair, monkeypatch, wrong):
+    """The same test fails for a wrong speculative sampling rule: it has teeth."""
+    target, draft = peaked_pair
+    if wrong == "accept_iff_p_ge_q":
+        monkeypatch.setattr(dm, "accept_probability", lambda p_x, q_x: (p_x >= q_x).to(p_x.dtype))
+    else:  # forget the residual: after a rejection draw from p (over-weights tokens the draft likes)
+        monkeypatch.setattr(dm, "residual", lambda p, q: p)
+    exact = exact_sequence_distribution(target, PROMPT, 3, SamplingConfig(1.0))
+    counts = empirical_distribution("draft_model", target, PROMPT, 3, 1000, draft=draft)
+    assert chi_square_test(exact, counts).passed is False
