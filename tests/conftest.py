@@ -7,6 +7,15 @@ import pytest
 import torch
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Many tiny forwards: on a small shared CPU, thread hand-offs cost more than the arithmetic."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_pair():
     from specdec_lib import load_models

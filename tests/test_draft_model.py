@@ -26,13 +26,7 @@ from conftest import random_lm
 VOCAB = 97
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # many tiny forwards: on a shared 2-core machine thread hand-offs cost more than the arithmetic
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _prompt(length: int, seed: int, vocab: int = VOCAB) -> torch.Tensor:

@@ -24,13 +24,7 @@ VOCAB = 97
 TOL = 1e-9
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # tiny matmuls: with 2 threads on a shared 2-core machine, thread hand-offs cost 10x the arithmetic
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
