@@ -18,6 +18,8 @@ from .draft_tree import DraftTree, grow_tree
 from .tree_verify import verify_tree
 from . import peers as _peers  # noqa: F401  (registers "hf", "hf_prompt_lookup", "hf_assisted")
 from . import draft_model as _draft_model  # noqa: F401  (registers "draft_model")
+from . import cacheback as _cacheback  # noqa: F401  (registers "cacheback")
+from . import prompt_lookup as _prompt_lookup  # noqa: F401  (registers "prompt_lookup")
 
 __all__ = ["METHODS", "DraftTree", "FrozenNgramTable", "GenerationResult", "ModelPair", "NgramTable", "Request",
            "SamplingConfig", "check_same_vocab", "generate", "grow_tree", "load_models", "register", "verify_tree"]

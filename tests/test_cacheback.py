@@ -1,0 +1,272 @@
+"""Cacheback decoding (issue 5, methods): greedy parity with "hf", the dual tables, TDL/CRT/merge options,
+EOS and max_new_tokens cuts, config errors, the no-frozen-table warning, the cache invariant, per-step stats,
+and lossless sampling (chi-square against the exact enumeration, and token-for-token equality with
+autoregressive sampling under the same seed: the tree walk draws one sample per emitted token).
+
+Every parity run passes debug=True: after each step the cache must hold every committed token but the last.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from specdec_lib import cacheback as cb
+from specdec_lib import generate, tree_verify
+from specdec_lib.lossless import lossless_check
+from specdec_lib.ngram_table import FrozenNgramTable, frozen_table_path
+
+from conftest import random_lm
+
+VOCAB = 97
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _prompt(length: int, seed: int, vocab: int = VOCAB) -> torch.Tensor:
+    """Random tokens with a chunk repeated at the end, so the dynamic table hits from the first step."""
+    g = torch.Generator().manual_seed(seed)
+    chunk = torch.randint(0, vocab, (max(1, length // 3),), generator=g)
+    return torch.cat([chunk, torch.randint(0, vocab, (length - 2 * len(chunk),), generator=g), chunk])[None]
+
+
+def _quiet(*args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", cb.NoFrozenTableWarning)
+        return generate(*args, **kwargs)
+
+
+def _check_contract(result, n, tdl=96):
+    steps = result.stats["steps"]
+    assert len(result.new_tokens) == n
+    assert sum(result.accept_lengths) == len(result.new_tokens)
+    assert result.target_forwards == len(result.accept_lengths) == len(steps)
+    assert result.stats["prefill_forwards"] == 0  # the prompt rides with the first tree
+    assert all(a >= 1 for a in result.accept_lengths)
+    for s, emitted in zip(steps, result.accept_lengths):
+        assert {"tree_size", "accepted", "draft_us", "verify_ms", "update_us"} <= set(s)
+        assert s["emitted"] == emitted <= s["accepted"] + 1 and s["accepted"] <= s["depth"] <= s["tree_size"]
+        assert s["tree_size"] <= tdl - 1 and s["draft_us"] > 0 and s["verify_ms"] > 0
+    assert result.stats["drafted"] == sum(s["tree_size"] for s in steps)
+    remaining = [n - sum(result.accept_lengths[:i]) for i in range(len(steps))]
+    assert all(s["depth"] <= r - 1 for s, r in zip(steps, remaining))  # never verifies what cannot be emitted
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {(kind, seed): random_lm(kind, seed=seed, layers=3, logit_scale=20.0)
+            for kind in ("llama", "qwen2") for seed in (0, 1)}
+
+
+def _corpus_table(ll=1, fl=3, vocab=VOCAB, seed=5, **kw):
+    """A frozen table counted from random streams, tagged with the vocabulary size (what build_frozen_table does)."""
+    g = torch.Generator().manual_seed(seed)
+    streams = [torch.randint(0, vocab, (200,), generator=g) for _ in range(3)]
+    return FrozenNgramTable.from_token_streams(streams, ll, fl, 2**20, kw.get("fc", 128), progress=False,
+                                               meta={"vocab_size": vocab})
+
+
+CONFIGS = [dict(), dict(merge=True), dict(tdl=8, crt=2), dict(tdl=2, crt=0), dict(ll=2, fl=2), dict(fl=1, fc=4),
+           dict(frozen="corpus"), dict(frozen="corpus_ll2", merge=True, tdl=24, crt=4)]
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_greedy_parity_random_float64(models, kind, seed):
+    target = models[kind, seed]
+    ids = _prompt(24, seed)
+    reference = generate("hf", target, ids, 40).new_tokens
+    tables = {"corpus": _corpus_table(), "corpus_ll2": _corpus_table(ll=2, fl=2)}
+    for config in CONFIGS:
+        config = {k: tables.get(v, v) if k == "frozen" else v for k, v in config.items()}
+        result = _quiet("cacheback", target, ids, 40, debug=True, **config)
+        assert result.new_tokens == reference, config
+        _check_contract(result, 40, config.get("tdl", 96))
+        assert (result.stats["frozen"] is not None) == ("frozen" in config)
+
+
+def test_repetitive_prompt_gets_long_acceptances(models):
+    """The target's own greedy output repeated in the prompt: the dynamic table predicts it."""
+    target = models["llama", 0]
+    ids = _prompt(24, 0)
+    own = generate("hf", target, ids, 40).new_tokens
+    ids = torch.cat([ids, torch.tensor([own])], dim=1)
+    reference = generate("hf", target, ids, 40).new_tokens
+    result = _quiet("cacheback", target, ids, 40, debug=True)
+    assert result.new_tokens == reference
+    assert result.mean_accepted > 3 and max(result.accept_lengths) >= 8
+    assert result.stats["acceptance_rate"] > 0
+
+
+def test_shipped_pair_float64_with_and_without_frozen_table(tiny_pair64, tiny_pair):
+    target, _, tokenizer = tiny_pair64
+    texts = ["import os\nimport sys\n\n\ndef main(argv):\n", "class Stack:\n    def __init__(self):\n"]
+    for text in texts:
+        ids = tiny_pair.encode(text)
+        reference = generate("hf", target, ids, 48).new_tokens
+        for config in (dict(), dict(frozen=False), dict(merge=True), dict(tdl=16, crt=4),
+                       dict(tokenizer=tokenizer, fc=8)):
+            result = generate("cacheback", target, ids, 48, debug=True, **config)
+            assert result.new_tokens == reference, (text, config)
+            _check_contract(result, 48, config.get("tdl", 96))
+            used = result.stats["frozen"]
+            assert (used is None) == (config.get("frozen") is False)
+            if used is not None:
+                assert used.endswith(frozen_table_path(1, 3).name)
+        # the frozen table drafts from the first step on, whatever the prompt
+        dual = generate("cacheback", target, ids, 48)
+        assert dual.stats["steps"][0]["tree_size"] > 0 and dual.mean_accepted > 1
+
+
+def test_frozen_table_is_cut_to_lc_fc(tiny_pair64):
+    target = tiny_pair64[0]
+    full = cb.resolve_frozen(True, target, 1, 3, 2**20, 128)
+    small = cb.resolve_frozen(True, target, 1, 3, 10, 4)
+    assert len(small) == 10 and small.follower_capacity == 4
+    leader = small.leaders()[0]
+    assert small.query(leader) == full.query(leader)[:4] and full.leaders()[:10] == small.leaders()
+    assert cb.resolve_frozen(True, target, 1, 3, 10, 4) is small  # loaded and cut once per process
+
+
+def test_eos_inside_an_accepted_run(models):
+    target = models["qwen2", 1]
+    ids = _prompt(24, 1)
+    ids = torch.cat([ids, torch.tensor([generate("hf", target, ids, 30).new_tokens])], dim=1)
+    free = _quiet("cacheback", target, ids, 40)
+    bonus_at = {sum(free.accept_lengths[:i + 1]) - 1 for i in range(len(free.accept_lengths))}
+    # the first token whose first occurrence is a drafted (not bonus) token, not at position 0
+    j = next(j for j in range(1, 40) if free.new_tokens.index(free.new_tokens[j]) == j and j not in bonus_at)
+    eos = free.new_tokens[j]
+    result = _quiet("cacheback", target, ids, 40, eos_token_id=eos, debug=True)
+    assert result.new_tokens == free.new_tokens[: j + 1] == generate("hf", target, ids, 40, eos_token_id=eos).new_tokens
+    assert sum(result.accept_lengths) == j + 1 == len(result.new_tokens)
+    last = result.stats["steps"][-1]
+    assert last["emitted"] <= last["accepted"]  # the accepted run was cut at the EOS
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 13])
+def test_exact_max_new_tokens(models, n):
+    target = models["llama", 1]
+    ids = _prompt(24, 1)
+    ids = torch.cat([ids, torch.tensor([generate("hf", target, ids, 30).new_tokens])], dim=1)
+    reference = generate("hf", target, ids, n).new_tokens
+    for config in (dict(), dict(merge=True, tdl=8, crt=2)):
+        result = _quiet("cacheback", target, ids, n, debug=True, **config)
+        assert result.new_tokens == reference
+        _check_contract(result, n, config.get("tdl", 96))
+
+
+@pytest.mark.parametrize("config, match", [
+    (dict(ll=0), "ll must be >= 1"), (dict(fl=0), "fl must be >= 1"), (dict(lc=0), "lc must be >= 1"),
+    (dict(fc=-2), "fc must be >= 1"), (dict(tdl=0), "tdl must be >= 1"), (dict(tdl=1, crt=0), "tdl >= 2"),
+    (dict(tdl=16, crt=16), "crt <= tdl - 2"), (dict(tdl=16, crt=15), "crt <= tdl - 2"),
+    (dict(crt=-1), "crt <= tdl - 2"), (dict(ll=1.5), "ll must be an int"), (dict(tdl=True), "tdl must be an int"),
+])
+def test_invalid_config_raises(models, config, match):
+    with pytest.raises(ValueError, match=match):
+        _quiet("cacheback", models["llama", 0], [1, 2, 3], 4, **config)
+
+
+def test_bad_frozen_argument(models):
+    target = models["llama", 0]
+    with pytest.raises(TypeError, match="frozen must be"):
+        generate("cacheback", target, [1, 2, 3], 4, frozen=3)
+    with pytest.raises(ValueError, match="vocabulary of 50 tokens"):
+        generate("cacheback", target, [1, 2, 3], 4, frozen=_corpus_table(vocab=50))
+    with pytest.raises(ValueError, match="vocabulary of 4096 tokens"):  # an explicit path must fit
+        generate("cacheback", target, [1, 2, 3], 4, frozen=frozen_table_path(1, 3))
+
+
+def test_no_frozen_table_warns_once(models, tiny_pair64, monkeypatch):
+    monkeypatch.setattr(cb, "_WARNED", False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for seed in (0, 1):
+            generate("cacheback", models["llama", seed], _prompt(12, seed), 6)
+        generate("cacheback", models["llama", 0], _prompt(12, 0), 6, frozen=False)
+    assert [w.category for w in caught] == [cb.NoFrozenTableWarning]
+    assert "vocabulary of 4096 tokens" in str(caught[0].message) and "the target has 97" in str(caught[0].message)
+    # the tiny pair with an LL/FL that has no shipped table: the same warning (a fresh process would give it)
+    monkeypatch.setattr(cb, "_WARNED", False)
+    with pytest.warns(cb.NoFrozenTableWarning, match="no table for LL=2, FL=3"):
+        result = generate("cacheback", tiny_pair64[0], [5, 6, 7, 5, 6], 3, ll=2)
+    assert result.stats["frozen"] is None
+
+
+def test_debug_invariant_catches_a_missing_commit(models, monkeypatch):
+    target = models["llama", 0]
+    ids = _prompt(24, 0)
+    monkeypatch.setattr(tree_verify, "commit", lambda cache, prefix_len, accepted: None)  # forget compaction
+    with pytest.raises(AssertionError, match="cache holds"):
+        _quiet("cacheback", target, ids, 20, debug=True)
+
+
+# ---------------------------------------------------------------- lossless sampling
+
+
+@pytest.fixture(scope="module")
+def peaked():
+    """Vocab 8, max p ~0.11 over 3-token continuations; the prompt ends in the model's own loop, so drafts
+    are often accepted under sampling too (checked below: the test is not vacuous)."""
+    target = random_lm("llama", vocab=8, layers=1, hidden=16, seed=3, logit_scale=20.0)
+    base = [1, 2, 3]
+    return target, torch.tensor([base + generate("autoregressive", target, base, 12).new_tokens])
+
+
+@pytest.mark.parametrize("n, options", [(2000, dict()), (1500, dict(top_k=3, merge=True))])
+def test_sampling_is_lossless(peaked, n, options):
+    target, ids = peaked
+    report = _quiet_check(target, ids, n, options)
+    assert report.passed, str(report)
+    accepted = sum(_quiet("cacheback", target, ids, 3, temperature=1.0, seed=s).stats["accepted"] for s in range(100))
+    assert accepted > 50  # drafts are accepted in many runs
+
+
+def _quiet_check(target, ids, n, options):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", cb.NoFrozenTableWarning)
+        return lossless_check("cacheback", target, ids, length=3, n_samples=n, **options)
+
+
+def test_seeded_sampling_equals_autoregressive_sampling(models):
+    """One seeded draw per emitted token, from the same distribution: the same tokens as "autoregressive"."""
+    target = models["qwen2", 0]
+    ids = _prompt(24, 0)
+    ids = torch.cat([ids, torch.tensor([generate("hf", target, ids, 30).new_tokens])], dim=1)
+    accepted = 0
+    for seed in range(6):
+        for temperature, top_k in ((1.0, None), (0.7, 5)):
+            ar = generate("autoregressive", target, ids, 30, temperature=temperature, top_k=top_k, seed=seed)
+            result = _quiet("cacheback", target, ids, 30, temperature=temperature, top_k=top_k, seed=seed,
+                            debug=True)
+            assert result.new_tokens == ar.new_tokens, (seed, temperature)
+            _check_contract(result, 30)
+            accepted += result.stats["accepted"]
+    assert accepted > 0
+
+
+def test_cap_depth_keeps_the_shallow_part_of_every_branch():
+    from specdec_lib.draft_tree import DraftTree
+
+    tree = DraftTree(9)
+    a = tree.add_chain(-1, [1, 2, 3])
+    tree.add_chain(-1, [4])
+    tree.add_chain(a[0], [5, 6])
+    tree.add_chain(a[2], [7])
+    capped = cb._cap_depth(tree, 2)
+    assert capped.max_depth == 2 and capped.root == 9
+    assert sorted(map(capped.path_tokens, range(len(capped)))) == sorted(
+        tree.path_tokens(i) for i in range(len(tree)) if tree.depths[i] <= 2)
+    assert cb._cap_depth(tree, 4) is tree and len(cb._cap_depth(tree, 0)) == 0
+
+
+def test_separate_prefill_when_the_backend_cannot_take_a_dense_mask(models, monkeypatch):
+    """flex_attention (no dense float mask): the prompt is prefilled alone, counted apart from accept_lengths."""
+    target = models["qwen2", 0]
+    ids = _prompt(24, 0)
+    reference = generate("hf", target, ids, 30).new_tokens
+    monkeypatch.setattr(cb, "attention_backend", lambda model: "flex_attention")
+    result = _quiet("cacheback", target, ids, 30, debug=True)
+    assert result.new_tokens == reference and result.stats["prefill_forwards"] == 1
+    assert result.target_forwards == len(result.accept_lengths) and sum(result.accept_lengths) == 30
