@@ -32,6 +32,17 @@ def tiny_pair64(tiny_pair):
     return target, draft, tiny_pair.tokenizer
 
 
+# Two short code prompts for parity runs on the shipped pair.
+SHIPPED_PROMPTS = ["import os\nimport sys\n\n\ndef main(argv):\n", "class Stack:\n    def __init__(self):\n"]
+
+
+def repeating_prompt(length: int, seed: int, vocab: int = 97) -> torch.Tensor:
+    """(1, length) random token ids whose first third comes back at the end, so lookups and tables hit."""
+    g = torch.Generator().manual_seed(seed)
+    chunk = torch.randint(0, vocab, (max(1, length // 3),), generator=g)
+    return torch.cat([chunk, torch.randint(0, vocab, (length - 2 * len(chunk),), generator=g), chunk])[None]
+
+
 def random_lm(kind: str = "llama", vocab: int = 97, layers: int = 2, hidden: int = 32, seed: int = 0,
               logit_scale: float = 1.0, context: int = 256):
     """A randomly initialised float64 causal LM (real HF class), eval mode."""

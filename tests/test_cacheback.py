@@ -17,18 +17,13 @@ from specdec_lib import generate, tree_verify
 from specdec_lib.lossless import lossless_check
 from specdec_lib.ngram_table import FrozenNgramTable, frozen_table_path
 
-from conftest import random_lm
+from conftest import SHIPPED_PROMPTS, random_lm, repeating_prompt
 
 VOCAB = 97
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _prompt(length: int, seed: int, vocab: int = VOCAB) -> torch.Tensor:
-    """Random tokens with a chunk repeated at the end, so the dynamic table hits from the first step."""
-    g = torch.Generator().manual_seed(seed)
-    chunk = torch.randint(0, vocab, (max(1, length // 3),), generator=g)
-    return torch.cat([chunk, torch.randint(0, vocab, (length - 2 * len(chunk),), generator=g), chunk])[None]
 
 
 def _quiet(*args, **kwargs):
@@ -75,7 +70,7 @@ CONFIGS = [dict(), dict(merge=True), dict(tdl=8, crt=2), dict(tdl=2, crt=0), dic
 @pytest.mark.parametrize("seed", [0, 1])
 def test_greedy_parity_random_float64(models, kind, seed):
     target = models[kind, seed]
-    ids = _prompt(24, seed)
+    ids = repeating_prompt(24, seed)
     reference = generate("hf", target, ids, 40).new_tokens
     tables = {"corpus": _corpus_table(), "corpus_ll2": _corpus_table(ll=2, fl=2)}
     for config in CONFIGS:
@@ -89,7 +84,7 @@ def test_greedy_parity_random_float64(models, kind, seed):
 def test_repetitive_prompt_gets_long_acceptances(models):
     """The target's own greedy output repeated in the prompt: the dynamic table predicts it."""
     target = models["llama", 0]
-    ids = _prompt(24, 0)
+    ids = repeating_prompt(24, 0)
     own = generate("hf", target, ids, 40).new_tokens
     ids = torch.cat([ids, torch.tensor([own])], dim=1)
     reference = generate("hf", target, ids, 40).new_tokens
@@ -101,7 +96,7 @@ def test_repetitive_prompt_gets_long_acceptances(models):
 
 def test_shipped_pair_float64_with_and_without_frozen_table(tiny_pair64, tiny_pair):
     target, _, tokenizer = tiny_pair64
-    texts = ["import os\nimport sys\n\n\ndef main(argv):\n", "class Stack:\n    def __init__(self):\n"]
+    texts = SHIPPED_PROMPTS
     for text in texts:
         ids = tiny_pair.encode(text)
         reference = generate("hf", target, ids, 48).new_tokens
@@ -131,7 +126,7 @@ def test_frozen_table_is_cut_to_lc_fc(tiny_pair64):
 
 def test_eos_inside_an_accepted_run(models):
     target = models["qwen2", 1]
-    ids = _prompt(24, 1)
+    ids = repeating_prompt(24, 1)
     ids = torch.cat([ids, torch.tensor([generate("hf", target, ids, 30).new_tokens])], dim=1)
     free = _quiet("cacheback", target, ids, 40)
     bonus_at = {sum(free.accept_lengths[:i + 1]) - 1 for i in range(len(free.accept_lengths))}
@@ -148,7 +143,7 @@ def test_eos_inside_an_accepted_run(models):
 @pytest.mark.parametrize("n", [1, 2, 7, 13])
 def test_exact_max_new_tokens(models, n):
     target = models["llama", 1]
-    ids = _prompt(24, 1)
+    ids = repeating_prompt(24, 1)
     ids = torch.cat([ids, torch.tensor([generate("hf", target, ids, 30).new_tokens])], dim=1)
     reference = generate("hf", target, ids, n).new_tokens
     for config in (dict(), dict(merge=True, tdl=8, crt=2)):
@@ -183,8 +178,8 @@ def test_no_frozen_table_warns_once(models, tiny_pair64, monkeypatch):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for seed in (0, 1):
-            generate("cacheback", models["llama", seed], _prompt(12, seed), 6)
-        generate("cacheback", models["llama", 0], _prompt(12, 0), 6, frozen=False)
+            generate("cacheback", models["llama", seed], repeating_prompt(12, seed), 6)
+        generate("cacheback", models["llama", 0], repeating_prompt(12, 0), 6, frozen=False)
     assert [w.category for w in caught] == [cb.NoFrozenTableWarning]
     assert "vocabulary of 4096 tokens" in str(caught[0].message) and "the target has 97" in str(caught[0].message)
     # the tiny pair with an LL/FL that has no shipped table: the same warning (a fresh process would give it)
@@ -196,7 +191,7 @@ def test_no_frozen_table_warns_once(models, tiny_pair64, monkeypatch):
 
 def test_debug_invariant_catches_a_missing_commit(models, monkeypatch):
     target = models["llama", 0]
-    ids = _prompt(24, 0)
+    ids = repeating_prompt(24, 0)
     monkeypatch.setattr(tree_verify, "commit", lambda cache, prefix_len, accepted: None)  # forget compaction
     with pytest.raises(AssertionError, match="cache holds"):
         _quiet("cacheback", target, ids, 20, debug=True)
@@ -232,7 +227,7 @@ def _quiet_check(target, ids, n, options):
 def test_seeded_sampling_equals_autoregressive_sampling(models):
     """One seeded draw per emitted token, from the same distribution: the same tokens as "autoregressive"."""
     target = models["qwen2", 0]
-    ids = _prompt(24, 0)
+    ids = repeating_prompt(24, 0)
     ids = torch.cat([ids, torch.tensor([generate("hf", target, ids, 30).new_tokens])], dim=1)
     accepted = 0
     for seed in range(6):
@@ -264,7 +259,7 @@ def test_cap_depth_keeps_the_shallow_part_of_every_branch():
 def test_separate_prefill_when_the_backend_cannot_take_a_dense_mask(models, monkeypatch):
     """flex_attention (no dense float mask): the prompt is prefilled alone, counted apart from accept_lengths."""
     target = models["qwen2", 0]
-    ids = _prompt(24, 0)
+    ids = repeating_prompt(24, 0)
     reference = generate("hf", target, ids, 30).new_tokens
     monkeypatch.setattr(cb, "attention_backend", lambda model: "flex_attention")
     result = _quiet("cacheback", target, ids, 30, debug=True)

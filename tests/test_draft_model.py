@@ -21,7 +21,7 @@ from specdec_lib.lossless import (chi_square_test, empirical_distribution, exact
                                   lossless_check, total_variation)
 from specdec_lib.sampling import SamplingConfig
 
-from conftest import random_lm
+from conftest import SHIPPED_PROMPTS, random_lm, repeating_prompt
 
 VOCAB = 97
 
@@ -29,7 +29,9 @@ VOCAB = 97
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _prompt(length: int, seed: int, vocab: int = VOCAB) -> torch.Tensor:
+
+
+def _random_prompt(length: int, seed: int, vocab: int = VOCAB) -> torch.Tensor:
     return torch.randint(0, vocab, (1, length), generator=torch.Generator().manual_seed(seed))
 
 
@@ -79,7 +81,7 @@ def _remaining(result) -> list[int]:
 @pytest.mark.parametrize("seed", [0, 1])
 def test_greedy_parity_random_float64(pairs, kind, seed):
     target, drafts = pairs[kind, seed]
-    ids = _prompt(20, seed)
+    ids = _random_prompt(20, seed)
     reference = generate("hf", target, ids, 40).new_tokens
     for gamma in (1, 3, 5, 8):
         for name, draft in drafts.items():
@@ -99,7 +101,7 @@ def test_greedy_parity_random_float64(pairs, kind, seed):
 
 def test_greedy_parity_shipped_pair_float64(tiny_pair64, tiny_pair):
     target, draft, _ = tiny_pair64
-    prompts = ["import os\nimport sys\n\n\ndef main(argv):\n", "class Stack:\n    def __init__(self):\n"]
+    prompts = SHIPPED_PROMPTS
     for text in prompts:
         ids = tiny_pair.encode(text)
         reference = generate("hf", target, ids, 48).new_tokens
@@ -114,7 +116,7 @@ def test_greedy_parity_shipped_pair_float64(tiny_pair64, tiny_pair):
 @pytest.mark.parametrize("draft_name", ["same", "noisy", "unrelated"])
 def test_eos_inside_accepted_run(pairs, draft_name):
     target, drafts = pairs["llama", 0]
-    ids = _prompt(12, 3)
+    ids = _random_prompt(12, 3)
     free = generate("hf", target, ids, 30).new_tokens
     gammas = (3, 4, 8)
     # an EOS the greedy output reaches, first seen at a position that is a draft (not a bonus) for every gamma
@@ -135,7 +137,7 @@ def test_eos_inside_accepted_run(pairs, draft_name):
 @pytest.mark.parametrize("n", [1, 2, 7, 13, 17])
 def test_max_new_tokens_not_a_multiple_of_gamma(pairs, n):
     target, drafts = pairs["qwen2", 0]
-    ids = _prompt(10, n)
+    ids = _random_prompt(10, n)
     reference = generate("hf", target, ids, n).new_tokens
     for gamma in (4, 5):
         for name in ("same", "noisy"):
@@ -149,7 +151,7 @@ def test_max_new_tokens_not_a_multiple_of_gamma(pairs, n):
 
 def test_adaptive_gamma_is_lossless_and_follows_hf_schedule(pairs):
     target, drafts = pairs["llama", 1]
-    ids = _prompt(16, 5)
+    ids = _random_prompt(16, 5)
     reference = generate("hf", target, ids, 60).new_tokens
     for name, draft in drafts.items():
         result = generate("draft_model", target, ids, 60, draft=draft, gamma=3, adaptive=True, debug=True)
@@ -193,7 +195,7 @@ def test_tracked_cache_four_scenarios(pairs):
 
 def test_debug_check_catches_a_missing_rollback(pairs, monkeypatch):
     target, drafts = pairs["llama", 0]
-    ids = _prompt(8, 0)
+    ids = _random_prompt(8, 0)
     monkeypatch.setattr(kv_cache, "rollback", lambda cache, length: None)  # forget to crop
     with pytest.raises(AssertionError, match="cache holds"):
         generate("draft_model", target, ids, 20, draft=drafts["unrelated"], gamma=3, debug=True)
@@ -220,7 +222,7 @@ def test_mismatched_vocabulary_names_both_sizes():
 
 def test_seeded_sampling_is_reproducible(pairs):
     target, drafts = pairs["qwen2", 1]
-    ids = _prompt(10, 7)
+    ids = _random_prompt(10, 7)
     run = lambda seed, **kw: generate("draft_model", target, ids, 24, draft=drafts["noisy"], temperature=1.0,
                                       seed=seed, debug=True, **kw)
     a, b, c = run(11), run(11), run(12)

@@ -10,16 +10,11 @@ import specdec_lib
 from specdec_lib import METHODS, generate
 from specdec_lib.peers import accept_lengths_from_starts
 
-from conftest import random_lm
+from conftest import SHIPPED_PROMPTS, random_lm, repeating_prompt
 
 GREEDY_METHODS = ["autoregressive", "hf_prompt_lookup", "hf_assisted"]
 
 
-def _prompt(vocab: int, length: int, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    # A repeated chunk gives prompt lookup something to find.
-    chunk = torch.randint(0, vocab, (max(1, length // 3),), generator=g)
-    return torch.cat([chunk, torch.randint(0, vocab, (length - 2 * len(chunk),), generator=g), chunk])[None]
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
@@ -27,7 +22,7 @@ def _prompt(vocab: int, length: int, seed: int) -> torch.Tensor:
 def test_greedy_parity_random_float64(kind, seed):
     target = random_lm(kind, seed=seed, layers=3, logit_scale=20.0)
     draft = random_lm(kind, seed=seed + 100, layers=1, logit_scale=20.0)
-    ids = _prompt(target.config.vocab_size, 24, seed)
+    ids = repeating_prompt(24, seed, target.config.vocab_size)
     reference = generate("hf", target, ids, 40)
     assert len(reference.new_tokens) == 40
     for method in GREEDY_METHODS:
@@ -40,7 +35,7 @@ def test_greedy_parity_random_float64(kind, seed):
 
 def test_greedy_parity_shipped_pair_float64(tiny_pair64, tiny_pair):
     target, draft, tok = tiny_pair64
-    prompts = ["import os\nimport sys\n\n\ndef main(argv):\n", "class Stack:\n    def __init__(self):\n"]
+    prompts = SHIPPED_PROMPTS
     for text in prompts:
         ids = tiny_pair.encode(text)
         reference = generate("hf", target, ids, 48)
@@ -64,7 +59,7 @@ def test_shipped_pair_float32_parity_and_speculation(tiny_pair):
 def test_eos_stops_every_method():
     target = random_lm("llama", seed=3, logit_scale=20.0)
     draft = random_lm("llama", seed=4, layers=1, logit_scale=20.0)
-    ids = _prompt(97, 12, 3)
+    ids = repeating_prompt(12, 3)
     free = generate("autoregressive", target, ids, 30).new_tokens
     eos = free[7]  # a token the greedy continuation reaches: output must stop at its first occurrence
     expected = free[: free.index(eos) + 1]
@@ -78,7 +73,7 @@ def test_eos_none_never_stops_even_at_the_models_default_eos():
     """eos_token_id=None means no EOS stop, also for HF, whose generation_config carries a default EOS."""
     target = random_lm("llama", seed=3, logit_scale=20.0)
     draft = random_lm("llama", seed=4, layers=1, logit_scale=20.0)
-    ids = _prompt(97, 12, 3)
+    ids = repeating_prompt(12, 3)
     free = generate("autoregressive", target, ids, 30).new_tokens
     target.generation_config.eos_token_id = free[0]  # HF would stop after one token if it used this default
     try:
@@ -90,7 +85,7 @@ def test_eos_none_never_stops_even_at_the_models_default_eos():
 
 def test_max_new_tokens_zero_and_exact():
     target = random_lm("llama", seed=5)
-    ids = _prompt(97, 8, 5)
+    ids = repeating_prompt(8, 5)
     assert generate("autoregressive", target, ids, 0).new_tokens == []
     for n in (1, 2, 17):
         assert len(generate("autoregressive", target, ids, n).new_tokens) == n
@@ -98,7 +93,7 @@ def test_max_new_tokens_zero_and_exact():
 
 def test_seeded_sampling_is_reproducible_and_varies():
     target = random_lm("llama", seed=6, logit_scale=5.0)
-    ids = _prompt(97, 8, 6)
+    ids = repeating_prompt(8, 6)
     a = generate("autoregressive", target, ids, 20, temperature=1.0, seed=11).new_tokens
     b = generate("autoregressive", target, ids, 20, temperature=1.0, seed=11).new_tokens
     c = generate("autoregressive", target, ids, 20, temperature=1.0, seed=12).new_tokens

@@ -11,22 +11,18 @@ from specdec_lib import generate, tree_verify
 from specdec_lib.lossless import lossless_check
 from specdec_lib.prompt_lookup import NgramIndex, continuation
 
-from conftest import random_lm
+from conftest import SHIPPED_PROMPTS, random_lm, repeating_prompt
 
 VOCAB = 97
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _prompt(length: int, seed: int, vocab: int = VOCAB) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    chunk = torch.randint(0, vocab, (max(1, length // 3),), generator=g)
-    return torch.cat([chunk, torch.randint(0, vocab, (length - 2 * len(chunk),), generator=g), chunk])[None]
 
 
 def _looping_prompt(target, seed: int) -> torch.Tensor:
     """A prompt followed by the target's own greedy continuation: what comes next was seen before."""
-    ids = _prompt(24, seed)
+    ids = repeating_prompt(24, seed)
     return torch.cat([ids, torch.tensor([generate("hf", target, ids, 30).new_tokens])], dim=1)
 
 
@@ -86,7 +82,7 @@ CONFIGS = [dict(), dict(match="earliest"), dict(max_ngram=1), dict(num_tokens=1)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_greedy_parity_random_float64(models, kind, seed):
     target = models[kind, seed]
-    for ids in (_prompt(24, seed), _looping_prompt(target, seed)):
+    for ids in (repeating_prompt(24, seed), _looping_prompt(target, seed)):
         reference = generate("hf", target, ids, 40).new_tokens
         for config in CONFIGS:
             result = generate("prompt_lookup", target, ids, 40, debug=True, **config)
@@ -105,7 +101,7 @@ def test_repetitive_prompt_gets_long_acceptances(models):
 
 def test_shipped_pair_float64(tiny_pair64, tiny_pair):
     target = tiny_pair64[0]
-    for text in ["import os\nimport sys\n\n\ndef main(argv):\n", "class Stack:\n    def __init__(self):\n"]:
+    for text in SHIPPED_PROMPTS:
         ids = tiny_pair.encode(text)
         reference = generate("hf", target, ids, 48).new_tokens
         for config in (dict(), dict(match="earliest", max_ngram=2)):
@@ -150,7 +146,7 @@ def test_invalid_config_raises(models, config, match):
 
 
 def test_debug_invariant_catches_a_missing_commit(models, monkeypatch):
-    target, ids = models["llama", 0], _prompt(24, 0)
+    target, ids = models["llama", 0], repeating_prompt(24, 0)
     steps = generate("prompt_lookup", target, ids, 20).stats["steps"]
     assert any(s["accepted"] < s["tree_size"] for s in steps[1:])  # a rejected draft after the first step
     monkeypatch.setattr(tree_verify, "commit", lambda cache, prefix_len, accepted: None)
