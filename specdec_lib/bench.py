@@ -28,6 +28,7 @@ longer than the target's context minus max_new_tokens keep their last tokens.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import math
 import platform
@@ -81,31 +82,56 @@ def load_suite(name: str, limit: int | None = None, prompt_field: str = "prompt"
     return out[:limit] if limit is not None else out
 
 
+def parse_variant(label: str, config: dict | None = None) -> tuple[str, dict]:
+    """(method, generate kwargs) of a method label: "cacheback", or a variant "cacheback@tdl=16+crt=4" (inline
+    settings) or "cacheback@cpu" (settings under that label in `config`). Settings merge in the order
+    config[method], inline, config[label]."""
+    config = config or {}
+    method, _, suffix = label.partition("@")
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r} in {label!r}; known: {', '.join(sorted(METHODS))}")
+    inline = {}
+    if "=" in suffix:
+        for item in suffix.split("+"):
+            key, eq, value = item.partition("=")
+            if not eq or not key.isidentifier():
+                raise ValueError(f"bad setting {item!r} in {label!r}: write method@key=value+key=value")
+            try:
+                inline[key] = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                inline[key] = value  # a bare word, e.g. frozen=build
+    return method, {**config.get(method, {}), **inline, **(config.get(label, {}) if label != method else {})}
+
+
 def run_bench(pair, suite, methods, max_new_tokens: int = 128, repeats: int = 3, warmup: int = 1,
-              limit: int | None = None, config: dict | None = None, progress: bool = True) -> pd.DataFrame:
+              limit: int | None = None, config: dict | None = None, progress: bool = True,
+              callback=None) -> pd.DataFrame:
     """One row per (method, prompt, repeat). `suite` is a suite name or a list of prompts (str or dict).
 
     "hf" is added first when missing: it is the reference for both the speedup and the lossless check.
-    `config` maps a method to extra keyword arguments of `generate`, e.g. {"hf_assisted": {"gamma": 4}}."""
+    `config` maps a method to extra keyword arguments of `generate`, e.g. {"hf_assisted": {"gamma": 4}}.
+    A method may be a variant label, "cacheback@tdl=16" (see `parse_variant`): each label is its own row.
+    callback(done, total), when given, is called after every generation (a progress bar in a widget)."""
     from tqdm.auto import tqdm
 
     config = config or {}
     methods = list(methods) if not isinstance(methods, str) else methods.split(",")
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise ValueError(f"unknown methods {unknown}; known: {', '.join(sorted(METHODS))}")
-    methods = ["hf"] + [m for m in methods if m != "hf"]
+    variants = {label: parse_variant(label, config) for label in methods}  # raises on unknown methods
+    methods = ["hf"] + [m for m in dict.fromkeys(methods) if m != "hf"]
+    variants.setdefault("hf", parse_variant("hf", config))
     prompts = load_suite(suite, limit) if isinstance(suite, str) else list(suite)[:limit]
     prompts = [p if isinstance(p, dict) else {"id": str(i), "prompt": p} for i, p in enumerate(prompts)]
     if not prompts:
         raise ValueError("the suite has no prompts")
     budget = (context_length(pair.target) or 10**9) - max_new_tokens
     encoded = [pair.encode(p["prompt"])[:, -budget:] for p in prompts]
-    greedy = {m: float(config.get(m, {}).get("temperature", 0.0)) == 0.0 for m in methods}
+    greedy = {m: float(variants[m][1].get("temperature", 0.0)) == 0.0 for m in methods}
 
-    def run(method, ids):
-        return generate(method, pair.target, ids, max_new_tokens, draft=pair.draft, eos_token_id=None,
-                        **config.get(method, {}))
+    def run(label, ids):
+        method, kwargs = variants[label]
+        if method == "cacheback" and "tokenizer" not in kwargs:  # frozen tables are checked against it
+            kwargs = dict(kwargs, tokenizer=pair.tokenizer)
+        return generate(method, pair.target, ids, max_new_tokens, draft=pair.draft, eos_token_id=None, **kwargs)
 
     for _ in range(warmup):
         for method in methods:
@@ -125,6 +151,8 @@ def run_bench(pair, suite, methods, max_new_tokens: int = 128, repeats: int = 3,
                                  target_forwards=result.target_forwards, mat=result.mean_accepted,
                                  draft_forwards=result.stats.get("draft_forwards")))
                 bar.update()
+                if callback is not None:
+                    callback(len(rows), len(prompts) * repeats * len(methods))
         for row in rows[-repeats * len(methods):]:
             if greedy[row["method"]] and greedy["hf"]:
                 row["matches_hf"] = tokens[row["method"], row["repeat"]] == tokens["hf", 0]
@@ -183,7 +211,8 @@ def main(argv=None) -> pd.DataFrame:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="tiny", help='"tiny" or "TARGET_DIR,DRAFT_DIR" (dirs or hub ids)')
     parser.add_argument("--suite", default="code", help="code, editing, a hub dataset or a .jsonl file")
-    parser.add_argument("--methods", default="hf,autoregressive,hf_prompt_lookup,hf_assisted")
+    parser.add_argument("--methods", default="hf,autoregressive,hf_prompt_lookup,hf_assisted",
+                        help="comma-separated; a variant: method@key=value+key=value, e.g. cacheback@tdl=16+crt=4")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)

@@ -42,9 +42,9 @@ from . import kv_cache
 from .decoding import GenerationResult, Request, register
 from .draft_tree import DraftTree, grow_tree
 from .models import vocab_size
-from .ngram_table import FrozenNgramTable, NgramTable, frozen_table_path
+from .ngram_table import FrozenNgramTable, NgramTable, cached_table_path, ensure_frozen_table, frozen_table_path
 from .tree_attention import tree_attention_mask, tree_inputs
-from .tree_verify import attention_backend, commit, verify_tree, walk_tree
+from .tree_verify import attention_backend, commit, forward_rows, verify_tree, walk_tree
 
 
 class NoFrozenTableWarning(UserWarning):
@@ -64,7 +64,7 @@ def _cap_depth(tree: DraftTree, max_depth: int) -> DraftTree:
     return DraftTree(tree.root, [tree.tokens[i] for i in keep], [new.get(tree.parents[i], -1) for i in keep])
 
 
-def _prefill_tree_logits(target, cache, pending: list[int], tree: DraftTree) -> torch.Tensor:
+def _prefill_tree_logits(target, cache, pending: list[int], tree: DraftTree, lazy: bool = True):
     """First step: ONE forward of pending (causal) + root + tree (tree mask) into an empty cache; (1 + n, V)."""
     device, dtype = next(target.parameters()).device, next(target.parameters()).dtype
     m, q = len(pending), len(tree) + 1
@@ -76,15 +76,16 @@ def _prefill_tree_logits(target, cache, pending: list[int], tree: DraftTree) -> 
     prompt_rows = torch.full((1, 1, m, m + q), hidden, dtype=dtype, device=device).triu_(1)
     prompt_rows[..., m:] = hidden
     mask = torch.cat([prompt_rows, tree_rows], dim=2)  # (1, 1, m + q, m + q)
-    out = target(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
-                 logits_to_keep=q)
-    return out.logits[0]  # (q, V)
+    return forward_rows(target, lazy, q, input_ids=ids, attention_mask=mask, position_ids=pos,
+                        past_key_values=cache, use_cache=True)  # (q, V), or RowLogits when lazy
 
 
-def decode_with_trees(req: Request, propose, after_step=None, debug: bool = False) -> GenerationResult:
+def decode_with_trees(req: Request, propose, after_step=None, debug: bool = False,
+                      lazy_head: bool = True) -> GenerationResult:
     """The tree-speculation loop: propose(committed, max_depth) -> (DraftTree, info dict), verify, commit.
 
-    after_step(committed, n_new) runs after each step (table updates); its time goes to steps[i]["update_us"]."""
+    after_step(committed, n_new) runs after each step (table updates); its time goes to steps[i]["update_us"].
+    lazy_head: the LM head only for the rows the walk reads (tree_verify.RowLogits), where the model allows."""
     target, cfg, gen = req.target, req.sampling, req.generator
     cache = kv_cache.new_cache(target)
     committed = req.input_ids[0].tolist()
@@ -99,15 +100,15 @@ def decode_with_trees(req: Request, propose, after_step=None, debug: bool = Fals
         t1 = time.perf_counter()
         prefix_len = len(committed) - 1
         if kv_cache.cache_length(cache) == prefix_len:
-            accepted, drafted, bonus, _ = verify_tree(target, cache, tree, prefix_len, cfg, gen)
+            accepted, drafted, bonus, _ = verify_tree(target, cache, tree, prefix_len, cfg, gen, lazy=lazy_head)
         elif fold:  # first step: prompt[:-1] rides along with the first tree
-            logits = _prefill_tree_logits(target, cache, committed[:-1], tree)
+            logits = _prefill_tree_logits(target, cache, committed[:-1], tree, lazy_head)
             accepted, drafted, bonus = walk_tree(tree, logits, cfg, gen)
             commit(cache, prefix_len, accepted)
         else:
             target(input_ids=req.input_ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1)
             prefill_forwards += 1
-            accepted, drafted, bonus, _ = verify_tree(target, cache, tree, prefix_len, cfg, gen)
+            accepted, drafted, bonus, _ = verify_tree(target, cache, tree, prefix_len, cfg, gen, lazy=lazy_head)
         t2 = time.perf_counter()  # walk_tree reads tokens with .item(): the device is synchronised
         emitted = req.trim(tokens + drafted + [bonus])[len(tokens):]  # EOS cut (depth is capped)
         tokens += emitted
@@ -118,7 +119,9 @@ def decode_with_trees(req: Request, propose, after_step=None, debug: bool = Fals
             after_step(committed, len(emitted))
         t3 = time.perf_counter()
         lengths.append(len(emitted))
+        full = not tree.children(accepted[-1] if accepted else -1)  # the walk ran off a leaf: a bonus token
         steps.append(dict(tree_size=len(tree), depth=tree.max_depth, accepted=len(drafted), emitted=len(emitted),
+                          full=full,
                           draft_us=(t1 - t0) * 1e6, verify_ms=(t2 - t1) * 1e3, update_us=(t3 - t2) * 1e6, **info))
         if debug:
             length = kv_cache.cache_length(cache)
@@ -167,13 +170,24 @@ def _mismatch(table, vocab: int) -> str | None:
 
 
 def resolve_frozen(frozen, target, ll: int, fl: int, lc: int, fc: int, tokenizer=None):
-    """The frozen table to use, or None. True: the shipped table if it fits (else warn once, None)."""
+    """The frozen table to use, or None.
+
+    True: the shipped table for (LL, FL) if it fits, else (with `tokenizer`) one built earlier by
+    `ensure_frozen_table` in the cache, else warn once and return None. "build": `ensure_frozen_table`
+    (needs `tokenizer`; builds from the standard-library corpus and caches when missing). A path or a
+    FrozenNgramTable: that table, which must fit the target's vocabulary."""
     global _WARNED
     vocab = vocab_size(target)
     if frozen is False or frozen is None:
         return None
+    if isinstance(frozen, str) and frozen == "build":
+        if tokenizer is None:
+            raise ValueError('frozen="build" needs tokenizer= (the table is counted from text with it)')
+        frozen = ensure_frozen_table(tokenizer, ll, fl, max(lc, 2**20), max(fc, 128))
     if frozen is True:
         path = frozen_table_path(ll, fl)
+        if not path.is_file() and tokenizer is not None:  # built on demand earlier (ensure_frozen_table)
+            path = cached_table_path(tokenizer, ll, fl, max(lc, 2**20), max(fc, 128))
         reason = None
         if not path.is_file():
             reason = f"no table for LL={ll}, FL={fl} at {path}"
@@ -188,12 +202,14 @@ def resolve_frozen(frozen, target, ll: int, fl: int, lc: int, fc: int, tokenizer
         if not _WARNED:
             _WARNED = True
             warnings.warn(f"cacheback: no usable frozen table ({reason}); running with the dynamic table alone "
-                          f"(warned once per process)", NoFrozenTableWarning, stacklevel=4)
+                          f"(warned once per process; frozen=\"build\" with tokenizer= builds one)",
+                          NoFrozenTableWarning, stacklevel=4)
         return None
     if isinstance(frozen, (str, Path)):
         frozen = _load_frozen(Path(frozen), lc, fc, tokenizer)
     if not isinstance(frozen, FrozenNgramTable):
-        raise TypeError(f"frozen must be True, False, a path or a FrozenNgramTable, got {type(frozen).__name__}")
+        raise TypeError(f"frozen must be True, False, \"build\", a path or a FrozenNgramTable, "
+                        f"got {type(frozen).__name__}")
     reason = _mismatch(frozen, vocab)
     if reason is not None:
         raise ValueError(f"this frozen table does not fit the target: {reason}")
@@ -202,13 +218,28 @@ def resolve_frozen(frozen, target, ll: int, fl: int, lc: int, fc: int, tokenizer
 
 @register("cacheback")
 def cacheback(req: Request, ll: int = 1, fl: int = 3, lc: int = 2**20, fc: int = 128, tdl: int = 96, crt: int = 16,
-              merge: bool = False, frozen=True, tokenizer=None, debug: bool = False) -> GenerationResult:
-    """Cacheback decoding (LRU n-gram tables, draft tree, one-forward tree verification, KV compaction)."""
+              merge: bool = False, frozen=True, dynamic: bool = True, tokenizer=None, lazy_head: bool = True,
+              debug: bool = False) -> GenerationResult:
+    """Cacheback decoding (LRU n-gram tables, draft tree, one-forward tree verification, KV compaction).
+
+    merge: trie merging of equal sibling chains. frozen: True (the shipped or cached table, else dynamic only,
+    warned once), False, "build" (count one from the corpus now, cached; needs tokenizer=), a path or a table.
+    dynamic=False: the frozen table alone (Table 1's "only frozen"; then a frozen table is required).
+    lazy_head=False: project every tree row through the LM head (the plain forward), for comparison."""
     _check_config(ll, fl, lc, fc, tdl, crt)
+    if not isinstance(dynamic, bool):
+        raise TypeError(f"dynamic must be True or False, got {dynamic!r}")
+    if not dynamic and frozen is False:
+        raise ValueError("dynamic=False and frozen=False leave no table to draft from")
     frozen_table = resolve_frozen(frozen, req.target, ll, fl, lc, fc, tokenizer)
-    dynamic = NgramTable(ll, fl, lc, fc)  # a fresh table per generation, seeded with the prompt (§3.3)
-    dynamic.update(req.input_ids[0].tolist())
-    tables = [dynamic] if frozen_table is None else [dynamic, frozen_table]
+    if not dynamic and frozen_table is None:
+        raise ValueError(f"dynamic=False needs a frozen table, and none was found for LL={ll}, FL={fl}: pass "
+                         f'frozen="build" with tokenizer=, or a table')
+    tables = [] if frozen_table is None else [frozen_table]
+    if dynamic:  # a fresh table per generation, seeded with the prompt (§3.3), queried first
+        table = NgramTable(ll, fl, lc, fc)
+        table.update(req.input_ids[0].tolist())
+        tables.insert(0, table)
     tail = max(t.leader_len for t in tables)  # grow_tree reads at most this many context tokens
     window = ll + fl - 1
 
@@ -216,10 +247,10 @@ def cacheback(req: Request, ll: int = 1, fl: int = 3, lc: int = 2**20, fc: int =
         return grow_tree(committed[-tail:], tables, tdl, crt, refed=1, merge=merge), {}
 
     def after_step(committed, n_new):  # the windows completed by the new tokens (§3.2, Figure 2)
-        dynamic.update_new(committed[-(n_new + window):], n_new)
+        table.update_new(committed[-(n_new + window):], n_new)
 
-    result = decode_with_trees(req, propose, after_step, debug)
-    result.stats.update(config=dict(ll=ll, fl=fl, lc=lc, fc=fc, tdl=tdl, crt=crt, merge=merge),
+    result = decode_with_trees(req, propose, after_step if dynamic else None, debug, lazy_head)
+    result.stats.update(config=dict(ll=ll, fl=fl, lc=lc, fc=fc, tdl=tdl, crt=crt, merge=merge, dynamic=dynamic),
                         frozen=None if frozen_table is None else (frozen_table.meta.get("path") or "in memory"),
-                        dynamic_leaders=len(dynamic))
+                        dynamic_leaders=len(table) if dynamic else 0)
     return result

@@ -45,10 +45,11 @@ class DraftTree:
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     depths: list[int] | None = None  # computed from parents when not given
-    # indexes kept in step by add_chain (not part of equality or repr): children lists, and the first
-    # child of a node carrying a token, so merging and the verify walk look a child up in O(1)
-    _kids: dict[int, list[int]] = field(default_factory=dict, repr=False, compare=False)
-    _first: dict[tuple[int, int], int] = field(default_factory=dict, repr=False, compare=False)
+    # lookup index (not part of equality or repr): children lists, and the first child of a node carrying a
+    # token, so merging and the verify walk look a child up in O(1). Built lazily: growth without merging
+    # only appends to the three lists (the drafting hot path), and the index is rebuilt once when read.
+    _kids: dict[int, list[int]] | None = field(default=None, repr=False, compare=False)
+    _first: dict[tuple[int, int], int] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         # private int copies: add_chain grows them, and numpy/tensor scalars would hash by identity
@@ -57,17 +58,26 @@ class DraftTree:
         if len(self.tokens) != len(self.parents):
             raise ValueError(f"{len(self.tokens)} tokens but {len(self.parents)} parents")
         depths = []
-        self._kids, self._first = {ROOT: []}, {}
         for i, p in enumerate(self.parents):
             if not ROOT <= p < i:  # parents come first: insertion order is topological
                 raise ValueError(f"node {i} has parent {p}; parents must be -1 or an earlier node")
             depths.append(1 if p == ROOT else depths[p] + 1)
-            self._kids[p].append(i)
-            self._kids[i] = []
-            self._first.setdefault((p, self.tokens[i]), i)
         if self.depths is not None and list(self.depths) != depths:
             raise ValueError("depths do not match parents")
         self.depths = depths
+        self._kids = self._first = None
+
+    def _index(self) -> None:
+        """(Re)build the children lists and the first-child-by-token map, O(n), when stale."""
+        if self._kids is not None:
+            return
+        kids: dict[int, list[int]] = {ROOT: []}
+        first: dict[tuple[int, int], int] = {}
+        for i, (p, tok) in enumerate(zip(self.parents, self.tokens)):
+            kids[p].append(i)
+            kids[i] = []
+            first.setdefault((p, tok), i)
+        self._kids, self._first = kids, first
 
     @classmethod
     def chain(cls, root: int, tokens: Sequence[int]) -> "DraftTree":
@@ -81,10 +91,12 @@ class DraftTree:
 
     def children(self, i: int = ROOT) -> list[int]:
         """Node indices whose parent is i (i = -1: the root), in insertion order."""
+        self._index()
         return self._kids[i]
 
     def child_with(self, i: int, token: int) -> int | None:
         """The first child of i (-1: the root) carrying `token`, or None."""
+        self._index()
         return self._first.get((i, token))
 
     def path_to(self, i: int) -> list[int]:
@@ -99,6 +111,7 @@ class DraftTree:
         return [self.tokens[j] for j in self.path_to(i)]
 
     def leaves(self) -> list[int]:
+        self._index()
         return [i for i in range(len(self)) if not self._kids[i]]
 
     def paths(self) -> list[list[int]]:
@@ -113,6 +126,7 @@ class DraftTree:
         """How many new nodes add_chain(parent, tokens, merge) would create."""
         if not merge:
             return len(tokens)
+        self._index()
         node = parent
         for n, tok in enumerate(tokens):
             node = self._first.get((node, tok))
@@ -126,10 +140,17 @@ class DraftTree:
         merge=True reuses an existing child with the same token (the first one) while one exists."""
         if not ROOT <= parent < len(self):
             raise ValueError(f"parent {parent} is not a node of a tree of {len(self)} nodes")
+        tokens = [int(t) for t in tokens]
+        if not merge:  # bulk append; the index goes stale and is rebuilt when next read
+            return self._append_chain(parent, tokens)
+        return self._merge_chain(parent, tokens)
+
+    def _merge_chain(self, parent: int, tokens: Sequence[int]) -> list[int]:
+        """add_chain(parent, tokens, merge=True) for trusted ints: reuse equal children, keep the index."""
+        self._index()
         node, out = parent, []
         for tok in tokens:
-            tok = int(tok)
-            found = self._first.get((node, tok)) if merge else None
+            found = self._first.get((node, tok))
             if found is None:
                 found = len(self.tokens)
                 self.tokens.append(tok)
@@ -137,10 +158,23 @@ class DraftTree:
                 self.depths.append(1 if node == ROOT else self.depths[node] + 1)
                 self._kids[node].append(found)
                 self._kids[found] = []
-                self._first.setdefault((node, tok), found)
+                self._first[(node, tok)] = found
             out.append(found)
             node = found
         return out
+
+    def _append_chain(self, parent: int, tokens: Sequence[int]) -> list[int]:
+        """New nodes for `tokens` (trusted ints) under `parent`, no merging: three list extends."""
+        start, k = len(self.tokens), len(tokens)
+        if k == 0:
+            return []
+        depth = 0 if parent == ROOT else self.depths[parent]
+        self.tokens.extend(tokens)
+        self.parents.append(parent)
+        self.parents.extend(range(start, start + k - 1))
+        self.depths.extend(range(depth + 1, depth + k + 1))
+        self._kids = self._first = None
+        return list(range(start, start + k))
 
 
 def _leader(context: Sequence[int], tree: DraftTree, node: int, length: int) -> tuple[int, ...] | None:
@@ -177,13 +211,15 @@ def grow_tree(context_tokens: Sequence[int], tables: Sequence, tdl: int = 96, cr
                 if leader is None:
                     continue
                 for follower in table.query(leader):
-                    cost = tree.chain_cost(node, follower, merge)
+                    cost = tree.chain_cost(node, follower, merge) if merge else len(follower)
                     if cost == 0:
                         continue  # merge: already in the tree, no new leaf
                     if len(tree) + cost > limit:
                         cut = True
                         break
-                    new_leaves.append(tree.add_chain(node, follower, merge)[-1])
+                    # table followers are tuples of ints: the unchecked internal appends
+                    chain = tree._merge_chain(node, follower) if merge else tree._append_chain(node, follower)
+                    new_leaves.append(chain[-1])
                 if cut:
                     break
             if cut:

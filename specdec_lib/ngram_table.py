@@ -276,12 +276,20 @@ class FrozenNgramTable(_Table):
         return cls(*params, entries=table, meta=dict(meta, path=str(path)), _trusted=True)
 
 
+_META_MEMO: dict = {}  # id(tokenizer) -> (tokenizer, meta): hashing a vocabulary takes milliseconds
+
+
 def tokenizer_meta(tokenizer) -> dict:
     """Name, vocab size and a hash of the vocabulary: names differ between a local path and a hub id, so
     only the size and the hash decide whether a saved table fits a tokenizer."""
+    memo = _META_MEMO.get(id(tokenizer))
+    if memo is not None and memo[0] is tokenizer and memo[1]["vocab_size"] == len(tokenizer):
+        return dict(memo[1])
     vocab = json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False)
-    return {"tokenizer": getattr(tokenizer, "name_or_path", type(tokenizer).__name__),
+    meta = {"tokenizer": getattr(tokenizer, "name_or_path", type(tokenizer).__name__),
             "vocab_size": len(tokenizer), "vocab_fingerprint": hashlib.sha256(vocab.encode()).hexdigest()[:16]}
+    _META_MEMO[id(tokenizer)] = (tokenizer, meta)
+    return dict(meta)
 
 
 def build_frozen_table(tokenizer, texts, leader_len=1, follower_len=3, leader_capacity=2**20,
@@ -307,6 +315,62 @@ def frozen_table_path(leader_len: int = 1, follower_len: int = 3, name: str = "t
     """Where the workbook keeps a pair's frozen table: data/tables/<name>_frozen_LL<ll>_FL<fl>.npz."""
     from .models import DATA_DIR
     return DATA_DIR / "tables" / f"{name}_frozen_LL{leader_len}_FL{follower_len}.npz"
+
+
+def table_cache_dir() -> Path:
+    """Where tables built on demand are kept: $SPECDEC_CACHE/tables, else ~/.cache/specdec_lib/tables."""
+    import os
+    root = os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "specdec_lib"
+    return Path(root) / "tables"
+
+
+def cached_table_path(tokenizer, leader_len: int, follower_len: int, leader_capacity: int = 2**20,
+                      follower_capacity: int = 128, corpus_tag: str = "stdlib", cache_dir=None) -> Path:
+    """Where `ensure_frozen_table` keeps a table built on demand (it may not exist yet)."""
+    safe_tag = "".join(c if c.isalnum() or c in "-_." else "_" for c in corpus_tag)
+    name = (f"frozen_{tokenizer_meta(tokenizer)['vocab_fingerprint']}_{safe_tag}_LL{leader_len}_FL{follower_len}"
+            f"_LC{leader_capacity}_FC{follower_capacity}.npz")
+    return Path(cache_dir or table_cache_dir()) / name
+
+
+def ensure_frozen_table(tokenizer, leader_len: int = 1, follower_len: int = 3, leader_capacity: int = 2**20,
+                        follower_capacity: int = 128, texts=None, corpus_tag: str | None = None,
+                        cache_dir=None, progress: bool = True) -> Path:
+    """The path of a frozen table for this tokenizer and (LL, FL), building and caching it when missing.
+
+    Order: the table shipped under data/tables when it was built with this very tokenizer (vocabulary hash)
+    and the default corpus and capacities; else a table cached under `cache_dir` (default `table_cache_dir()`)
+    named by the tokenizer's hash, the corpus tag, LL, FL, LC and FC; else build it from `texts` (default: the
+    training split of the standard-library corpus, loaded with `datasets`; pass other texts with a
+    `corpus_tag` naming them, e.g. a hub dataset's column) and save it there. A build counts every window of
+    the corpus: about half a minute per table for the standard library on 2 CPU cores."""
+    import tempfile
+
+    _check_params(leader_len=leader_len, follower_len=follower_len, leader_capacity=leader_capacity,
+                  follower_capacity=follower_capacity)
+    if texts is not None and not corpus_tag:
+        raise ValueError("texts given without a corpus_tag: name the corpus, so its cached table is not "
+                         "mistaken for another corpus's")
+    meta = tokenizer_meta(tokenizer)
+    corpus_tag = corpus_tag or "stdlib"
+    shipped = frozen_table_path(leader_len, follower_len)
+    if corpus_tag == "stdlib" and (leader_capacity, follower_capacity) == (2**20, 128) and shipped.is_file():
+        with np.load(shipped) as data:
+            shipped_meta = json.loads(str(data["meta"]))
+        if shipped_meta.get("vocab_fingerprint") == meta["vocab_fingerprint"]:
+            return shipped
+    path = cached_table_path(tokenizer, leader_len, follower_len, leader_capacity, follower_capacity, corpus_tag,
+                             cache_dir)
+    if path.is_file():
+        return path
+    if texts is None:
+        from .corpus import load_corpus
+        texts = load_corpus(Path(tempfile.gettempdir()) / "specdec_corpus")["train"]["text"]
+    table = build_frozen_table(tokenizer, texts, leader_len, follower_len, leader_capacity, follower_capacity,
+                               progress=progress)
+    table.meta["corpus"] = corpus_tag
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return table.save(path)
 
 
 def main(argv=None) -> int:

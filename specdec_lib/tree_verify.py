@@ -42,17 +42,60 @@ class TreeVerdict(NamedTuple):
     accepted: list[int]  # accepted node indices, root-to-leaf order (may be empty)
     tokens: list[int]  # their tokens
     bonus: int  # the target's token after the accepted path (the next root)
-    logits: torch.Tensor  # (1 + n, V): row 0 = root, row i + 1 = node i
+    logits: torch.Tensor  # (1 + n, V): row 0 = root, row i + 1 = node i (a RowLogits when lazy)
 
 
 def attention_backend(model) -> str:
     return getattr(model.config, "_attn_implementation", None) or "sdpa"
 
 
-def tree_logits(target, cache, tree: DraftTree, prefix_len: int) -> torch.Tensor:
+# Model types whose causal-LM head is exactly `lm_head(final hidden state)` (no soft-capping or logit
+# scale): for them the walk may compute only the rows it reads (RowLogits).
+PLAIN_HEAD_MODELS = {"llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2"}
+
+
+class RowLogits:
+    """Logits of a tree forward computed row by row on demand: `rows[r]` -> (V,), cached.
+
+    The walk reads 1 + k of the q rows (k accepted), so projecting all q final hidden states through the
+    LM head (q x hidden x V multiply-adds, a sixth of the tiny target's work per row) is mostly wasted on a
+    CPU. `full()` gives the (q, V) tensor (what `tree_logits(lazy=False)` returns)."""
+
+    def __init__(self, hidden: torch.Tensor, head):
+        self.hidden, self.head, self._rows = hidden, head, {}  # hidden (q, H)
+        self.shape = (hidden.shape[0], head.out_features)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, row: int) -> torch.Tensor:
+        if row not in self._rows:
+            self._rows[row] = self.head(self.hidden[row])  # (V,)
+        return self._rows[row]
+
+    def full(self) -> torch.Tensor:
+        return self.head(self.hidden)  # (q, V)
+
+
+def lazy_head_ok(target) -> bool:
+    """True when logits are lm_head(hidden) for this model, so RowLogits gives exactly its logits."""
+    return (getattr(target.config, "model_type", None) in PLAIN_HEAD_MODELS
+            and isinstance(target.get_output_embeddings(), torch.nn.Linear) and hasattr(target, "model"))
+
+
+def forward_rows(target, lazy: bool, keep: int, **inputs):
+    """The target's last `keep` rows: RowLogits when lazy (and lazy_head_ok), else logits (keep, V)."""
+    if lazy and lazy_head_ok(target):
+        hidden = target.model(**inputs).last_hidden_state[0, -keep:]  # (keep, H), after the final norm
+        return RowLogits(hidden, target.get_output_embeddings())
+    return target(**inputs, logits_to_keep=keep).logits[0]  # (keep, V)
+
+
+def tree_logits(target, cache, tree: DraftTree, prefix_len: int, lazy: bool = False):
     """One forward of root + tree against a cache holding `prefix_len` tokens; logits (1 + n, V).
 
-    The cache grows by 1 + n entries (row order); commit() then keeps the accepted ones."""
+    The cache grows by 1 + n entries (row order); commit() then keeps the accepted ones. lazy=True returns
+    a RowLogits (rows computed when read) for models with a plain LM head, the (1 + n, V) tensor otherwise."""
     if kv_cache.cache_length(cache) != prefix_len:
         raise ValueError(f"the cache holds {kv_cache.cache_length(cache)} tokens, expected prefix_len="
                          f"{prefix_len} (the root must not be in the cache yet)")
@@ -60,13 +103,13 @@ def tree_logits(target, cache, tree: DraftTree, prefix_len: int) -> torch.Tensor
     ids, pos, _ = tree_inputs(tree, prefix_len, device=device)  # (1, q) each
     dtype = next(target.parameters()).dtype  # an additive mask is added to scores in the model's dtype
     mask = tree_attention_mask(tree, prefix_len, dtype=dtype, backend=attention_backend(target), device=device)
-    out = target(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
-    return out.logits[0]  # (q, V)
+    return forward_rows(target, lazy, ids.shape[1], input_ids=ids, attention_mask=mask, position_ids=pos,
+                        past_key_values=cache, use_cache=True)  # (q, V)
 
 
-def walk_tree(tree: DraftTree, logits: torch.Tensor, sampling: SamplingConfig = SamplingConfig(),
+def walk_tree(tree: DraftTree, logits, sampling: SamplingConfig = SamplingConfig(),
               generator: torch.Generator | None = None) -> tuple[list[int], list[int], int]:
-    """The accepted path and bonus token from a tree's logits (1 + n, V); see the module doc."""
+    """The accepted path and bonus token from a tree's logits (1 + n, V) or RowLogits; see the module doc."""
     nodes = [ROOT]  # every node whose path spells the tokens accepted so far
     while True:
         token = pick_token(logits[nodes[0] + 1], sampling, generator)  # row i + 1 holds node i's logits
@@ -83,10 +126,10 @@ def commit(cache, prefix_len: int, accepted: list[int]) -> None:
 
 
 def verify_tree(target, cache, tree: DraftTree, prefix_len: int, sampling: SamplingConfig = SamplingConfig(),
-                generator: torch.Generator | None = None, compact: bool = True) -> TreeVerdict:
+                generator: torch.Generator | None = None, compact: bool = True, lazy: bool = False) -> TreeVerdict:
     """One tree forward, the walk, and (compact=True) the cache commit. Returns a TreeVerdict, a tuple
-    (accepted node indices, accepted tokens, bonus token, logits (1 + n, V))."""
-    logits = tree_logits(target, cache, tree, prefix_len)
+    (accepted node indices, accepted tokens, bonus token, logits (1 + n, V); a RowLogits when lazy)."""
+    logits = tree_logits(target, cache, tree, prefix_len, lazy)
     accepted, tokens, bonus = walk_tree(tree, logits, sampling, generator)
     if compact:
         commit(cache, prefix_len, accepted)

@@ -287,14 +287,16 @@ def gamma_sweep_figure(table, methods: Sequence[str] | None = None, title: str |
 def token_kinds(result) -> tuple[list[int], list[str]]:
     """(step id, kind) of every new token of a `GenerationResult`: kind "draft" (an accepted draft), "bonus"
     (the target's token after every draft was accepted, or in a step that drafted nothing) or "correction"
-    (the target's token at the first rejection). Uses `stats["steps"]` when the method records them (exact,
+    (the target's token at the first rejection; for a tree: the walk stopped at a node that has children).
+    Uses `stats["steps"]` when the method records them (exact,
     EOS cuts included); otherwise `accept_lengths` alone, reading each step as drafts + one target token."""
     step_ids, kinds = [], []
     steps = result.stats.get("steps") if getattr(result, "stats", None) else None
     if steps:
         for i, s in enumerate(steps):
-            g, k, e = s["drafted"], s["accepted"], s["emitted"]
-            own = ["draft"] * min(k, e) + ([("bonus" if k == g else "correction")] if e == k + 1 else [])
+            k, e = s["accepted"], s["emitted"]
+            full = s["full"] if "full" in s else k == s["drafted"]  # trees record "full": walked off a leaf
+            own = ["draft"] * min(k, e) + ([("bonus" if full else "correction")] if e == k + 1 else [])
             step_ids += [i] * len(own)
             kinds += own
     else:

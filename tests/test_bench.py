@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specdec_lib import load_models
-from specdec_lib.bench import PROMPTS_DIR, load_suite, run_bench, summarize
+from specdec_lib.bench import PROMPTS_DIR, load_suite, parse_variant, run_bench, summarize
 from specdec_lib.corpus import is_heldout
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,3 +85,27 @@ def test_unknown_suite_offline_is_a_clear_error():
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("ValueError:") and "code, editing" in done.stdout
+
+
+def test_parse_variant():
+    assert parse_variant("cacheback") == ("cacheback", {})
+    assert parse_variant("cacheback@tdl=16+crt=4+merge=True+frozen=build") == (
+        "cacheback", {"tdl": 16, "crt": 4, "merge": True, "frozen": "build"})
+    config = {"cacheback": {"tdl": 32, "fc": 8}, "cacheback@cpu": {"tdl": 16}}
+    assert parse_variant("cacheback@cpu", config) == ("cacheback", {"tdl": 16, "fc": 8})
+    assert parse_variant("cacheback@tdl=24", config) == ("cacheback", {"tdl": 24, "fc": 8})
+    with pytest.raises(ValueError, match="unknown method 'nope'"):
+        parse_variant("nope@tdl=3")
+    with pytest.raises(ValueError, match="bad setting"):
+        parse_variant("cacheback@tdl=16+crt")
+
+
+def test_run_bench_variants_are_rows_of_their_own(pair):
+    seen = []
+    runs = run_bench(pair, "editing", ["cacheback@tdl=8+crt=2", "cacheback@frozen=False"], max_new_tokens=12,
+                     repeats=1, limit=1, warmup=0, progress=False, callback=lambda done, total: seen.append((done, total)))
+    assert list(runs.method) == ["hf", "cacheback@tdl=8+crt=2", "cacheback@frozen=False"]
+    assert runs.matches_hf.all()
+    assert seen == [(1, 3), (2, 3), (3, 3)]
+    table = summarize(runs).set_index("method")
+    assert table.loc["cacheback@tdl=8+crt=2", "mat"] >= 1.0

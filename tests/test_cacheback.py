@@ -63,7 +63,8 @@ def _corpus_table(ll=1, fl=3, vocab=VOCAB, seed=5, **kw):
 
 
 CONFIGS = [dict(), dict(merge=True), dict(tdl=8, crt=2), dict(tdl=2, crt=0), dict(ll=2, fl=2), dict(fl=1, fc=4),
-           dict(frozen="corpus"), dict(frozen="corpus_ll2", merge=True, tdl=24, crt=4)]
+           dict(frozen="corpus"), dict(frozen="corpus_ll2", merge=True, tdl=24, crt=4), dict(lazy_head=False),
+           dict(frozen="corpus", dynamic=False, tdl=16, crt=4)]
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
@@ -216,6 +217,102 @@ def test_sampling_is_lossless(peaked, n, options):
     assert report.passed, str(report)
     accepted = sum(_quiet("cacheback", target, ids, 3, temperature=1.0, seed=s).stats["accepted"] for s in range(100))
     assert accepted > 50  # drafts are accepted in many runs
+
+
+def test_a_lossy_walk_fails_the_same_check(peaked, monkeypatch):
+    """Negative control: a "typical acceptance" walk (take the most probable drafted child whenever p gives
+    it at least 0.2, else sample; Medusa-style, fast but lossy) must fail the test the library passes."""
+    target, ids = peaked
+    from specdec_lib.sampling import probs
+
+    def lossy_walk(tree, logits, sampling, generator=None):
+        node, accepted = -1, []
+        while True:
+            p = probs(logits[node + 1], sampling)  # (V,)
+            kids = tree.children(node)
+            best = max(kids, key=lambda c: float(p[tree.tokens[c]]), default=None)
+            if best is not None and float(p[tree.tokens[best]]) >= 0.2:
+                accepted.append(best)
+                node = best
+                continue
+            token = tree_verify.pick_token(logits[node + 1], sampling, generator)
+            child = tree.child_with(node, token)
+            if child is None:
+                return accepted, [tree.tokens[i] for i in accepted], token
+            accepted.append(child)
+            node = child
+
+    monkeypatch.setattr(tree_verify, "walk_tree", lossy_walk)
+    monkeypatch.setattr(cb, "walk_tree", lossy_walk)
+    report = _quiet_check(target, ids, 2000, dict())
+    assert not report.passed, str(report)
+
+
+def test_dynamic_false_needs_a_frozen_table(models):
+    target = models["llama", 0]
+    with pytest.raises(ValueError, match="leave no table"):
+        generate("cacheback", target, [1, 2, 3], 4, frozen=False, dynamic=False)
+    with pytest.raises(ValueError, match="dynamic=False needs a frozen table"):
+        _quiet("cacheback", target, [1, 2, 3], 4, dynamic=False)
+    with pytest.raises(TypeError, match="dynamic must be"):
+        generate("cacheback", target, [1, 2, 3], 4, dynamic="yes")
+    with pytest.raises(ValueError, match="needs tokenizer"):
+        generate("cacheback", target, [1, 2, 3], 4, frozen="build")
+    only = generate("cacheback", target, repeating_prompt(24, 0), 12, frozen=_corpus_table(), dynamic=False)
+    assert only.stats["dynamic_leaders"] == 0 and only.stats["config"]["dynamic"] is False
+
+
+def test_full_flag_and_token_kinds(models):
+    """steps[i]["full"]: the walk ran off a leaf (then the target's token is a bonus, else a correction)."""
+    from specdec_lib.viz_rollback import token_kinds
+
+    target = models["llama", 0]
+    ids = repeating_prompt(24, 0)
+    own = generate("hf", target, ids, 30).new_tokens
+    result = _quiet("cacheback", target, torch.cat([ids, torch.tensor([own])], dim=1), 30, tdl=8, crt=2)
+    steps = result.stats["steps"]
+    assert any(s["full"] for s in steps)
+    step_ids, kinds = token_kinds(result)
+    assert len(kinds) == 30 and kinds.count("draft") == sum(s["accepted"] for s in steps)
+    for i, s in enumerate(steps):
+        own_kind = [k for j, k in zip(step_ids, kinds) if j == i and k != "draft"]
+        if s["emitted"] == s["accepted"] + 1:
+            assert own_kind == ["bonus" if s["full"] else "correction"]
+        if s["tree_size"] == 0:
+            assert s["full"]
+
+
+def test_row_logits_equal_the_full_logits(tiny_pair64, models):
+    """The lazy LM head gives the plain forward's logits row for row (and falls back where it must)."""
+    from specdec_lib import kv_cache
+    from specdec_lib.draft_tree import DraftTree
+
+    for target in (tiny_pair64[0], models["qwen2", 0]):
+        tree = DraftTree(5)
+        first = tree.add_chain(-1, [7, 8, 9])
+        tree.add_chain(first[0], [10, 11])
+        tree.add_chain(-1, [12])
+        ids = torch.tensor([[1, 2, 3, 4, 6, 2]])
+        caches = []
+        for lazy in (False, True):
+            cache = kv_cache.new_cache(target)
+            target(input_ids=ids, past_key_values=cache, use_cache=True)
+            caches.append((cache, tree_verify.tree_logits(target, cache, tree, ids.shape[1], lazy=lazy)))
+        (_, full), (_, rows) = caches
+        assert isinstance(rows, tree_verify.RowLogits) and rows.shape == tuple(full.shape)
+        for r in range(len(tree) + 1):
+            torch.testing.assert_close(rows[r], full[r])
+        torch.testing.assert_close(rows.full(), full)
+    llama = models["llama", 0]
+    assert tree_verify.lazy_head_ok(llama)
+    other = type(llama.config)(**llama.config.to_dict())
+    other.model_type = "gemma2"  # soft-capped logits: the lazy head would be wrong, so it is not used
+    original = llama.config
+    try:
+        llama.config = other
+        assert not tree_verify.lazy_head_ok(llama)
+    finally:
+        llama.config = original
 
 
 def _quiet_check(target, ids, n, options):

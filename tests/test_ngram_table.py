@@ -348,3 +348,31 @@ def test_build_frozen_table_accepts_plain_corpus_columns_and_refuses_non_text():
     assert len(from_dict) == len(from_list) > 0
     with pytest.raises(TypeError, match="strings"):
         build_frozen_table(tokenizer, [[1, 2, 3]], progress=False)
+
+
+def test_ensure_frozen_table_builds_once_and_is_found_by_cacheback(tokenizer, tmp_path, monkeypatch):
+    from specdec_lib import cacheback as cb
+    from specdec_lib import load_models
+    from specdec_lib.ngram_table import cached_table_path, ensure_frozen_table, frozen_table_path
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    # the shipped table is returned as it is for the tokenizer it was built with
+    assert ensure_frozen_table(tokenizer, 1, 3, progress=False) == frozen_table_path(1, 3)
+    with pytest.raises(ValueError, match="corpus_tag"):
+        ensure_frozen_table(tokenizer, 2, 2, texts=TEXTS)
+    path = ensure_frozen_table(tokenizer, 2, 2, texts=TEXTS, corpus_tag="stdlib", progress=False)
+    assert path == cached_table_path(tokenizer, 2, 2) and path.parent == tmp_path / "tables"
+    table = FrozenNgramTable.load(path, tokenizer=tokenizer)
+    assert table.params == (2, 2, 2**20, 128) and table.meta["corpus"] == "stdlib"
+    streams = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+    assert table.items() == reference_frozen(streams, 2, 2, 2**20, 128)
+    stamp = path.stat().st_mtime_ns
+    assert ensure_frozen_table(tokenizer, 2, 2, texts=["other text"], corpus_tag="stdlib") == path
+    assert path.stat().st_mtime_ns == stamp  # cached: not rebuilt
+    other = ensure_frozen_table(tokenizer, 2, 2, texts=TEXTS[:1], corpus_tag="mine", progress=False)
+    assert other != path and "_mine_" in other.name
+    # cacheback: frozen=True with the tokenizer finds the cached table (no shipped LL=2, FL=2 table)
+    target = load_models("tiny").target
+    assert not frozen_table_path(2, 2).exists()
+    found = cb.resolve_frozen(True, target, 2, 2, 2**20, 128, tokenizer=tokenizer)
+    assert found is not None and found.meta["path"] == str(path)
