@@ -36,4 +36,4 @@ models: $(STAMP)
 	$(BIN)/python -m specdec_lib.model_card --models data/models
 
 bench: $(STAMP)
-	$(BIN)/python -m specdec_lib.bench --models tiny --suite code --methods hf,autoregressive,hf_prompt_lookup,hf_assisted
+	$(BIN)/python -m specdec_lib.bench --models tiny --suite code --methods hf,autoregressive,hf_prompt_lookup,hf_assisted,prompt_lookup,draft_model,cacheback,cacheback@tdl=16+crt=4

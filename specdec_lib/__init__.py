@@ -8,7 +8,8 @@ Notation, used the same way in code, notebooks and plots:
 
 Reading order: models -> sampling -> kv_cache -> decoding (the contract, the registry, the baseline)
 -> peers (HF's decoders as methods) -> costs -> bench -> viz; then the mechanisms: ngram_table ->
-draft_tree -> tree_attention -> tree_verify.
+draft_tree -> tree_attention -> tree_verify (01-02) -> draft_model -> lossless (03) -> cacheback ->
+prompt_lookup -> ablation (04); viz_trees, viz_rollback, viz_ablation draw them.
 """
 from .models import ModelPair, load_models, check_same_vocab
 from .sampling import SamplingConfig

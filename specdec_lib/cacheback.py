@@ -161,6 +161,11 @@ def _load_frozen(path: Path, lc: int, fc: int, tokenizer=None) -> FrozenNgramTab
     return _FROZEN[key]
 
 
+def forget_frozen_tables() -> None:
+    """Drop the frozen tables this process has loaded (a large-LL table holds hundreds of MB)."""
+    _FROZEN.clear()
+
+
 def _mismatch(table, vocab: int) -> str | None:
     built = table.meta.get("vocab_size")
     if built is not None and built != vocab:

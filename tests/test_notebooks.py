@@ -14,7 +14,8 @@ def test_there_are_notebooks():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_in_smoke_mode(path, tmp_path):
+def test_notebook_runs_in_smoke_mode(path, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))  # tables built on demand stay in the test's folder
     run = run_notebooks.run_notebook(path, tmp_path, smoke=True, timeout=300)
     assert run.ok, f"{run.name} failed:\n{run.error}"
     nb = nbformat.read(run.output, as_version=4)

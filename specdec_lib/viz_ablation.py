@@ -1,0 +1,216 @@
+"""Figures and the ablation explorer of notebook 04 (Cacheback end to end). Functions return `go.Figure`s.
+
+- `steps_figure(result)`: per decoding step, the tree size verified and the tokens gained;
+- `draft_time_figure({name: result})`: the distribution of per-step drafting time (tree growth), µs;
+- `table1_figure(table)`: Table 1 (dual / no frozen / only frozen) as bars of speedup and MAT;
+- `heatmap_figure(grid)`: Figure 4, speedup (or MAT) over LL x FL;
+- `sweep_figure(table, param)`: tokens/s and MAT against one parameter (TDL, CRT...);
+- `ablation_explorer(pair)`: widgets to pick a method, a suite and settings (or a sweep), run it with a
+  progress bar, and see the table and the chart.
+"""
+from __future__ import annotations
+
+import html
+from typing import Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+
+def steps_figure(result, title: str | None = None) -> go.Figure:
+    """Bars: draft tree size of every step (nodes verified); markers: tokens gained (accepted + bonus)."""
+    steps = result.stats["steps"]
+    x = list(range(len(steps)))
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(go.Bar(x=x, y=[s["tree_size"] for s in steps], name="tree size (draft nodes)",
+                         marker_color="rgb(158,202,225)"), secondary_y=False)
+    fig.add_trace(go.Scatter(x=x, y=[s["emitted"] for s in steps], mode="markers+lines", name="tokens gained",
+                             marker=dict(color="crimson", size=7), line=dict(width=1)), secondary_y=True)
+    fig.update_xaxes(title_text="decoding step (one target forward)")
+    fig.update_yaxes(title_text="draft nodes", rangemode="tozero", secondary_y=False)
+    fig.update_yaxes(title_text="tokens gained", rangemode="tozero", secondary_y=True)
+    fig.update_layout(template="plotly_white", legend=dict(orientation="h", y=1.1),
+                      title=title or f"{len(steps)} steps, MAT {result.mean_accepted:.2f}")
+    return fig
+
+
+def draft_time_figure(results: dict, title: str | None = None) -> go.Figure:
+    """One box per named result (or list of µs values): the per-step drafting time."""
+    fig = go.Figure()
+    for name, result in results.items():
+        values = [s["draft_us"] for s in result.stats["steps"]] if hasattr(result, "stats") else list(result)
+        fig.add_trace(go.Box(y=values, name=str(name), boxpoints="outliers"))
+    fig.update_layout(template="plotly_white", yaxis_title="drafting time per step (µs)", showlegend=False,
+                      title=title or "Tree growth time per decoding step")
+    return fig
+
+
+def table1_figure(table, title: str | None = None) -> go.Figure:
+    """Table 1's rows (column `variant`, hf dropped) as two bar groups: speedup over hf and MAT."""
+    rows = table[table.variant != "hf"]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("speedup over hf", "MAT"))
+    fig.add_trace(go.Bar(x=list(rows.variant), y=list(rows.speedup), name="speedup",
+                         text=[f"{v:.2f}x" for v in rows.speedup], textposition="outside"), row=1, col=1)
+    fig.add_trace(go.Bar(x=list(rows.variant), y=list(rows.mat), name="MAT",
+                         text=[f"{v:.2f}" for v in rows.mat], textposition="outside"), row=1, col=2)
+    fig.add_hline(y=1.0, line_dash="dot", line_color="grey", row=1, col=1)
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_layout(template="plotly_white", showlegend=False, title=title or "Table 1: which tables")
+    return fig
+
+
+def heatmap_figure(grid, value: str = "speedup", title: str | None = None) -> go.Figure:
+    """Figure 4: `value` over LL (rows) x FL (columns) from a frame with columns ll, fl and `value`."""
+    lls, fls = sorted(set(grid.ll)), sorted(set(grid.fl))
+    cell = {(int(r.ll), int(r.fl)): float(getattr(r, value)) for r in grid.itertuples()}
+    z = [[cell.get((ll, fl)) for fl in fls] for ll in lls]
+    fig = go.Figure(go.Heatmap(z=z, x=[str(f) for f in fls], y=[str(l) for l in lls], colorscale="Viridis",
+                               text=[[("" if v is None else f"{v:.2f}") for v in row] for row in z],
+                               texttemplate="%{text}", colorbar=dict(title=value),
+                               hovertemplate="LL %{y}, FL %{x}: %{z:.3f}<extra></extra>"))
+    fig.update_layout(template="plotly_white", xaxis_title="FL (follower length)", yaxis_title="LL (leader length)",
+                      title=title or f"{value} over LL x FL", height=320 + 20 * len(lls))
+    return fig
+
+
+def sweep_figure(table, param: str, title: str | None = None) -> go.Figure:
+    """tokens/s (with hf's as a dotted line) and MAT against `param`, from `ablation.sweep`'s table."""
+    rows = table[table.variant != "hf"]
+    hf = table.loc[table.variant == "hf", "tokens_per_s"]
+    # hf's row has no setting (NaN), which turns an int column into floats: print 16, not 16.0
+    xs = [str(int(v)) if isinstance(v, float) and v.is_integer() else str(v) for v in rows[param]]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens / s", "MAT"))
+    fig.add_trace(go.Scatter(x=xs, y=list(rows.tokens_per_s), mode="lines+markers", name="tokens/s",
+                             text=[f"{s:.2f}x hf" for s in rows.speedup], hovertemplate="%{x}: %{y:.0f} tok/s, "
+                             "%{text}<extra></extra>"), row=1, col=1)
+    if len(hf):
+        fig.add_hline(y=float(hf.iloc[0]), line_dash="dot", line_color="grey", annotation_text="hf", row=1, col=1)
+    fig.add_trace(go.Scatter(x=xs, y=list(rows.mat), mode="lines+markers", name="MAT"), row=1, col=2)
+    fig.update_xaxes(title_text=param, type="category")
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_layout(template="plotly_white", showlegend=False, title=title or f"Sweep over {param}")
+    return fig
+
+
+def _bars(table, title: str) -> go.Figure:
+    fig = go.Figure(go.Bar(x=list(table.variant), y=list(table.tokens_per_s),
+                           text=[f"{s:.2f}x, MAT {m:.2f}" for s, m in zip(table.speedup, table.mat)],
+                           textposition="outside"))
+    fig.update_layout(template="plotly_white", yaxis_title="tokens / s", title=title)
+    return fig
+
+
+METHOD_SETTINGS = {  # explorer: the sliders each method reads
+    "cacheback": ("tdl", "crt", "ll", "fl", "merge", "tables"),
+    "prompt_lookup": ("num_tokens", "max_ngram"),
+    "hf_prompt_lookup": ("num_tokens", "max_ngram"),
+    "draft_model": ("gamma",),
+    "hf_assisted": ("gamma",),
+    "autoregressive": (),
+}
+
+
+def _values(text: str) -> list:
+    import ast
+
+    out = []
+    for item in text.replace(";", ",").split(","):
+        item = item.strip()
+        if item:
+            try:
+                out.append(ast.literal_eval(item))
+            except (ValueError, SyntaxError):
+                out.append(item)
+    return out
+
+
+def ablation_explorer(pair, suites: Sequence[str] = ("code", "editing"), prompts: int = 2,
+                      max_new_tokens: int = 48, repeats: int = 1):
+    """Pick a method, a suite and its settings, optionally a parameter to sweep; "run" benchmarks it against
+    hf (ablation.run_variants) with a progress bar, then shows the table and a chart. `.run()` does what the
+    button does; `.state` holds table, figure and error."""
+    import ipywidgets as widgets
+
+    from .ablation import TABLE1, run_variants
+    from .viz_trees import _render
+
+    method = widgets.Dropdown(options=list(METHOD_SETTINGS), value="cacheback", description="method")
+    suite = widgets.Dropdown(options=list(suites), description="suite")
+    ints = {name: widgets.IntSlider(value=v, min=lo, max=hi, description=name, continuous_update=False)
+            for name, v, lo, hi in (("tdl", 96, 2, 160), ("crt", 16, 0, 64), ("ll", 1, 1, 3), ("fl", 3, 1, 5),
+                                    ("num_tokens", 10, 1, 32), ("max_ngram", 3, 1, 5), ("gamma", 4, 1, 12))}
+    merge = widgets.Checkbox(value=False, description="trie merging")
+    tables = widgets.Dropdown(options=list(TABLE1), description="tables")
+    controls = {**ints, "merge": merge, "tables": tables}
+    sweep_param = widgets.Dropdown(options=["(none)"], description="sweep")
+    sweep_values = widgets.Text(value="16, 32, 96", description="values")
+    n_prompts = widgets.IntSlider(value=prompts, min=1, max=24, description="prompts")
+    n_tokens = widgets.IntSlider(value=max_new_tokens, min=8, max=256, step=8, description="new tokens")
+    button = widgets.Button(description="run", button_style="primary")
+    bar = widgets.IntProgress(value=0, min=0, max=1, description="progress")
+    status, table_view, view = widgets.HTML(), widgets.HTML(), widgets.Output()
+    state: dict = {}
+
+    def on_method(_=None):
+        used = METHOD_SETTINGS[method.value]
+        for name, w in controls.items():
+            w.disabled = name not in used
+        sweep_param.options = ["(none)"] + [n for n in used if n != "tables"] + (["tables"] if "tables" in used else [])
+        sweep_param.value = "(none)"
+
+    def settings_of() -> dict:
+        out = {}
+        for name in METHOD_SETTINGS[method.value]:
+            if name == "tables":
+                out.update(TABLE1[tables.value])
+            else:
+                out[name] = controls[name].value
+        return out
+
+    def progress(done, total):
+        bar.max, bar.value = total, done
+
+    def run(_=None):
+        base = settings_of()
+        param = sweep_param.value
+        if param == "(none)":
+            variants = {method.value: base}
+        elif param == "tables":
+            variants = {name: {**{k: v for k, v in base.items() if k not in ("frozen", "dynamic")}, **extra}
+                        for name, extra in TABLE1.items()}
+        else:
+            variants = {f"{param}={v}": {**base, param: v} for v in _values(sweep_values.value)}
+        bar.value, button.disabled = 0, True
+        status.value = f"running {len(variants)} variant(s) + hf on {n_prompts.value} prompt(s) of {suite.value}..."
+        try:
+            table = run_variants(pair, suite.value, variants, max_new_tokens=n_tokens.value, repeats=repeats,
+                                 limit=n_prompts.value, method=method.value, progress=False, callback=progress)
+        except (ValueError, TypeError) as err:
+            state.update(table=None, figure=None, error=str(err))
+            status.value = f"<span style='color:crimson'>{html.escape(str(err))}</span>"
+            return
+        finally:
+            button.disabled = False
+        if param not in ("(none)", "tables"):
+            table[param] = [v.split("=", 1)[1] if "=" in v else None for v in table.variant]
+            from .viz_ablation import sweep_figure
+            fig = sweep_figure(table, param, title=f"{method.value} on {suite.value}: sweep over {param}")
+        else:
+            fig = _bars(table, f"{method.value} on {suite.value}")
+        state.update(table=table, figure=fig, error=None)
+        lossless = "every variant reproduced hf's tokens" if table.all_match_hf.all() else "MISMATCH with hf"
+        status.value = f"done: {lossless}"
+        table_view.value = table.drop(columns=["label"]).round(3).to_html(index=False)
+        _render(view, fig)
+
+    method.observe(on_method, names="value")
+    button.on_click(run)
+    on_method()
+    box = widgets.VBox([widgets.HBox([method, suite]), widgets.HBox([ints["tdl"], ints["crt"]]),
+                        widgets.HBox([ints["ll"], ints["fl"]]), widgets.HBox([merge, tables]),
+                        widgets.HBox([ints["num_tokens"], ints["max_ngram"], ints["gamma"]]),
+                        widgets.HBox([sweep_param, sweep_values]), widgets.HBox([n_prompts, n_tokens]),
+                        widgets.HBox([button, bar]), status, table_view, view])
+    box.run, box.state, box.controls = run, state, dict(controls, method=method, suite=suite, sweep=sweep_param,
+                                                        values=sweep_values, prompts=n_prompts, tokens=n_tokens)
+    return box
