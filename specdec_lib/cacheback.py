@@ -22,9 +22,14 @@ len(accept_lengths) and sum(accept_lengths) == len(new_tokens), as for "autoregr
 yields the first token). Backends that do not take a dense float mask (flex_attention) get a separate
 prefill forward instead, counted in stats["prefill_forwards"] (0 when folded), not in accept_lengths.
 
-Simplifications: batch size 1; the frozen table is whatever file or object is given (no corpus build on
-demand here: ngram_table.build_frozen_table does that); the vocabulary check without a tokenizer compares
-sizes only (pass tokenizer= for the hash check); the last step's tree is cut to the depth that can still be
+Frozen tables: frozen=True takes the shipped one for (LL, FL), or one counted earlier for this tokenizer;
+frozen="build" counts it now from the standard-library corpus (ngram_table.ensure_frozen_table, cached on
+disk); a path or a table is used as given. dynamic=False drafts from the frozen table alone (Table 1).
+The verifying forward projects only the tree rows the walk reads through the LM head (lazy_head=True,
+tree_verify.RowLogits): on a CPU that is a sixth of the tiny target's work per row.
+
+Simplifications: batch size 1; the vocabulary check without a tokenizer compares sizes only (pass
+tokenizer= for the hash check); the last step's tree is cut to the depth that can still be
 emitted (max_new_tokens), and EOS inside an accepted run cuts the output (Request.trim) and the cache.
 `decode_with_trees` is the loop shared with prompt_lookup (any proposer of DraftTrees).
 """

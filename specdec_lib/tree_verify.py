@@ -22,6 +22,10 @@ One step:
    then holds prefix_len + 1 + k tokens and the bonus token is the next root. Nothing is re-fed (the
    reference implementation crops to the prefix and re-feeds the accepted tokens next step).
 
+`tree_logits(..., lazy=True)` returns a RowLogits instead of the (q, V) tensor: the final hidden states, sent
+through the LM head one row at a time as the walk reads them (1 + k rows of q), for models whose logits are
+exactly lm_head(hidden) (PLAIN_HEAD_MODELS); the decoding loops use it.
+
 Simplifications: batch size 1; full-attention caches; the draft's own probabilities (q) are not used, so
 this is not speculative sampling for stochastic drafts (a draft model's sampled tree would need the
 q-based residual rule; see the draft-model notebook).
