@@ -81,12 +81,10 @@ def table1(pair, suite, frozen=True, **run) -> pd.DataFrame:
 
 
 def sweep(pair, suite, param: str, values: Sequence, base: dict | None = None, **run) -> pd.DataFrame:
-    """One run over `values` of one parameter (TDL, CRT, merge...), the others at `base` or the defaults."""
+    """One run over `values` of one parameter (TDL, CRT, merge...), the others at `base` or the defaults;
+    the table has a column named after the parameter (run_variants adds one per setting)."""
     base = dict(base or {})
-    variants = {f"{param}={v}": {**base, param: v} for v in values}
-    table = run_variants(pair, suite, variants, **run)
-    table[param] = [dict(variants).get(v, {}).get(param) for v in table.variant]
-    return table
+    return run_variants(pair, suite, {f"{param}={v}": {**base, param: v} for v in values}, **run)
 
 
 def ll_fl_grid(pair, suite, lls: Sequence[int] = (1, 2, 3), fls: Sequence[int] = (1, 2, 3, 4, 5),

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import inspect
 import json
 import math
 import platform
@@ -127,9 +128,12 @@ def run_bench(pair, suite, methods, max_new_tokens: int = 128, repeats: int = 3,
     encoded = [pair.encode(p["prompt"])[:, -budget:] for p in prompts]
     greedy = {m: float(variants[m][1].get("temperature", 0.0)) == 0.0 for m in methods}
 
+    takes_tokenizer = {method: "tokenizer" in inspect.signature(METHODS[method].decode).parameters
+                       for method, _ in variants.values()}
+
     def run(label, ids):
         method, kwargs = variants[label]
-        if method == "cacheback" and "tokenizer" not in kwargs:  # frozen tables are checked against it
+        if takes_tokenizer[method] and "tokenizer" not in kwargs:  # e.g. cacheback checks its frozen tables
             kwargs = dict(kwargs, tokenizer=pair.tokenizer)
         return generate(method, pair.target, ids, max_new_tokens, draft=pair.draft, eos_token_id=None, **kwargs)
 

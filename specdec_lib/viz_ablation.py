@@ -191,9 +191,7 @@ def ablation_explorer(pair, suites: Sequence[str] = ("code", "editing"), prompts
             return
         finally:
             button.disabled = False
-        if param not in ("(none)", "tables"):
-            table[param] = [v.split("=", 1)[1] if "=" in v else None for v in table.variant]
-            from .viz_ablation import sweep_figure
+        if param not in ("(none)", "tables"):  # run_variants gave the table a column per setting
             fig = sweep_figure(table, param, title=f"{method.value} on {suite.value}: sweep over {param}")
         else:
             fig = _bars(table, f"{method.value} on {suite.value}")

@@ -43,6 +43,17 @@ def repeating_prompt(length: int, seed: int, vocab: int = 97) -> torch.Tensor:
     return torch.cat([chunk, torch.randint(0, vocab, (length - 2 * len(chunk),), generator=g), chunk])[None]
 
 
+def autoregressive_samples(target, ids, max_new_tokens: int, seeds=range(6)):
+    """(sampling kwargs, "autoregressive" tokens) for seeded runs at two settings: a method that draws one seeded
+    sample per emitted token from p (tables, prompt lookup) must reproduce these tokens exactly."""
+    from specdec_lib import generate
+
+    for seed in seeds:
+        for temperature, top_k in ((1.0, None), (0.7, 5)):
+            kwargs = dict(temperature=temperature, top_k=top_k, seed=seed)
+            yield kwargs, generate("autoregressive", target, ids, max_new_tokens, **kwargs).new_tokens
+
+
 def random_lm(kind: str = "llama", vocab: int = 97, layers: int = 2, hidden: int = 32, seed: int = 0,
               logit_scale: float = 1.0, context: int = 256):
     """A randomly initialised float64 causal LM (real HF class), eval mode."""

@@ -17,7 +17,7 @@ from specdec_lib import generate, tree_verify
 from specdec_lib.lossless import lossless_check
 from specdec_lib.ngram_table import FrozenNgramTable, frozen_table_path
 
-from conftest import SHIPPED_PROMPTS, random_lm, repeating_prompt
+from conftest import SHIPPED_PROMPTS, autoregressive_samples, random_lm, repeating_prompt
 
 VOCAB = 97
 
@@ -327,14 +327,11 @@ def test_seeded_sampling_equals_autoregressive_sampling(models):
     ids = repeating_prompt(24, 0)
     ids = torch.cat([ids, torch.tensor([generate("hf", target, ids, 30).new_tokens])], dim=1)
     accepted = 0
-    for seed in range(6):
-        for temperature, top_k in ((1.0, None), (0.7, 5)):
-            ar = generate("autoregressive", target, ids, 30, temperature=temperature, top_k=top_k, seed=seed)
-            result = _quiet("cacheback", target, ids, 30, temperature=temperature, top_k=top_k, seed=seed,
-                            debug=True)
-            assert result.new_tokens == ar.new_tokens, (seed, temperature)
-            _check_contract(result, 30)
-            accepted += result.stats["accepted"]
+    for sampling, expected in autoregressive_samples(target, ids, 30):
+        result = _quiet("cacheback", target, ids, 30, debug=True, **sampling)
+        assert result.new_tokens == expected, sampling
+        _check_contract(result, 30)
+        accepted += result.stats["accepted"]
     assert accepted > 0
 
 
