@@ -1,4 +1,4 @@
-"""The `generate` contract every method follows, the method registry, and the autoregressive baseline.
+"""The `generate` contract every method follows, and the method registry.
 
     result = generate("autoregressive", target, input_ids, max_new_tokens=64)
     result.new_tokens, result.accept_lengths, result.target_forwards, result.mean_accepted
@@ -7,23 +7,26 @@
 included: the autoregressive loop gives all 1s, and MAT (`mean_accepted`) is their mean. The prompt's
 prefill forward counts (it yields the first new token).
 
-A method is a function `decode(request, **config) -> GenerationResult` registered in `METHODS` with
-`@register(name, needs_draft=...)`. `generate` validates the input once, so methods can trust it.
+A method is a function `decode(request, **config) -> GenerationResult` registered in `METHODS`. The library's
+own methods are proposers of the one decoding loop (`loop.register_proposer`); Hugging Face's decoders are
+registered as plain functions (`register`, methods/peers.py). `generate` validates the input once, so methods
+can trust it: bad input raises a ValueError/TypeError that says what to do (see `generate`).
 
 Simplifications: batch size 1; stopping is `max_new_tokens` exactly or the first `eos_token_id`
 (kept in the output), nothing else.
 """
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
-from .kv_cache import new_cache
-from .models import check_same_vocab
-from .sampling import SamplingConfig, make_generator, pick_token
+from .checks import check_int
+from .models import check_same_vocab, synchronize, vocab_size
+from .sampling import SamplingConfig, make_generator
 
 
 @dataclass
@@ -79,15 +82,21 @@ class Method:
     decode: Callable[..., GenerationResult]
     needs_draft: bool
     description: str
+    options: tuple[str, ...] = ()  # the settings `generate(..., **config)` passes on
+
+    def accepts(self, option: str) -> bool:
+        return option in self.options
 
 
 METHODS: dict[str, Method] = {}
 
 
 def register(name: str, needs_draft: bool = False):
+    """Function decorator: METHODS[name] = decode(request, **settings)."""
     def wrap(fn):
         doc = (fn.__doc__ or "").strip().splitlines()
-        METHODS[name] = Method(name, fn, needs_draft, doc[0] if doc else "")
+        options = tuple(p for p in inspect.signature(fn).parameters if p != "req")
+        METHODS[name] = Method(name, fn, needs_draft, doc[0] if doc else "", options)
         return fn
     return wrap
 
@@ -116,63 +125,63 @@ def _as_input_ids(input_ids, device) -> torch.Tensor:
     return input_ids.to(device=device, dtype=torch.long)
 
 
+def _check_draft(target, draft) -> None:
+    check_same_vocab(target, draft)
+    t_device, d_device = next(target.parameters()).device, next(draft.parameters()).device
+    if t_device != d_device:
+        raise ValueError(f"the draft is on {d_device} and the target on {t_device}: move the draft to the "
+                         f"target's device (draft.to({str(t_device)!r}))")
+    # Another dtype is allowed: q is computed in float32 whatever the draft's dtype (sampling.probs).
+
+
 def generate(method: str, target, input_ids, max_new_tokens: int, *, draft=None, temperature: float = 0.0,
              seed: int | None = None, eos_token_id: int | None = None, top_k: int | None = None,
              top_p: float | None = None, **config) -> GenerationResult:
-    """Decode with `method` (a key of METHODS); see the module docstring for the contract."""
+    """Decode with `method` (a key of METHODS); see the module docstring for the contract.
+
+    Refused with a message: an unknown method or setting, an empty prompt, batch > 1, token ids outside the
+    vocabulary, prompt + max_new_tokens beyond the target's context (exactly at it is fine), a bad
+    temperature/top_k/top_p (top_k/top_p with temperature 0 too: greedy would ignore them), an eos_token_id
+    outside the vocabulary, a missing draft, or a draft with another vocabulary or on another device."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; known methods: {', '.join(sorted(METHODS))}")
     spec = METHODS[method]
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-        raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    unknown = sorted(set(config) - set(spec.options))
+    if unknown:
+        raise TypeError(f"method {method!r} takes no setting {', '.join(unknown)}; its settings: "
+                        f"{', '.join(spec.options) or 'none'}")
+    check_int("max_new_tokens", max_new_tokens, 0)
     sampling = SamplingConfig(temperature, top_k, top_p)
+    if sampling.greedy and (top_k is not None or top_p is not None):
+        raise ValueError("top_k/top_p shape sampling, and temperature=0 is greedy decoding, which would ignore "
+                         "them: set temperature > 0, or leave top_k and top_p out")
     device = next(target.parameters()).device
     ids = _as_input_ids(input_ids, device)
     limit = context_length(target)
     if limit is not None and ids.shape[1] + max_new_tokens > limit:
         raise ValueError(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
                          f"target's context of {limit} tokens")
-    vocab = target.get_output_embeddings().weight.shape[0]
+    vocab = vocab_size(target)
     if int(ids.max()) >= vocab or int(ids.min()) < 0:
         raise ValueError(f"input_ids hold token ids outside the target's vocabulary of {vocab}")
+    if eos_token_id is not None:
+        if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, int):
+            raise TypeError(f"eos_token_id must be an int or None, got {eos_token_id!r}")
+        if not 0 <= eos_token_id < vocab:
+            raise ValueError(f"eos_token_id {eos_token_id} is outside the target's vocabulary of {vocab}")
     if spec.needs_draft:
         if draft is None:
             raise ValueError(f"method {method!r} needs a draft model: pass draft=...")
-        check_same_vocab(target, draft)
-    if eos_token_id is not None and not isinstance(eos_token_id, int):
-        raise TypeError(f"eos_token_id must be an int or None, got {eos_token_id!r}")
+        _check_draft(target, draft)
     request = Request(target, ids, max_new_tokens, sampling, make_generator(seed, device), eos_token_id,
                       draft, seed)
     if max_new_tokens == 0:
         return GenerationResult([], [], 0, 0.0, method)
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     with torch.inference_mode():
         result = spec.decode(request, **config)
-    _sync(device)
+    synchronize(device)
     result.wall_seconds = time.perf_counter() - start
     result.method = method
     return result
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-@register("autoregressive")
-def autoregressive(req: Request) -> GenerationResult:
-    """One target forward per token, with a DynamicCache (the baseline every method must reproduce)."""
-    cache = new_cache(req.target)
-    logits = req.target(input_ids=req.input_ids, past_key_values=cache, use_cache=True).logits[0, -1]  # (V,)
-    tokens: list[int] = []
-    while True:
-        tokens.append(pick_token(logits, req.sampling, req.generator))
-        if req.is_done(tokens):
-            break
-        step = torch.tensor([[tokens[-1]]], device=req.input_ids.device)  # (1, 1)
-        logits = req.target(input_ids=step, past_key_values=cache, use_cache=True).logits[0, -1]
-    return GenerationResult(tokens, [1] * len(tokens), len(tokens))
-

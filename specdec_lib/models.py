@@ -16,6 +16,7 @@ import torch
 
 DATA_DIR = Path(os.environ.get("SPECDEC_DATA", Path(__file__).resolve().parent.parent / "data"))
 TINY_DIR = DATA_DIR / "models"
+PROMPTS_DIR = DATA_DIR / "prompts"
 
 
 @dataclass
@@ -57,7 +58,14 @@ def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
     return dtype
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so a wall-clock time covers it (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def vocab_size(model) -> int:
+    """Rows of the model's output layer: the token ids it can score."""
     return int(model.get_output_embeddings().weight.shape[0])
 
 
@@ -67,6 +75,28 @@ def check_same_vocab(target, draft) -> None:
     if t != d:
         raise ValueError(f"draft and target vocabularies differ: target has {t} tokens, draft has {d}; "
                          "speculative decoding needs a draft that shares the target's tokenizer")
+
+
+def _draft_tokenizer(source: str, offline: bool):
+    """The draft's own tokenizer when it ships one (None when it has none: then the sizes alone are checked)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source, local_files_only=offline or _is_local(source))
+    except (OSError, ValueError):
+        return None
+
+
+def check_same_tokenizer(target_tokenizer, draft_tokenizer) -> None:
+    """A clear error when both tokenizers are known and map strings to ids differently (at any vocabulary size:
+    two tokenizers of equal size but other merges would make every draft token mean something else)."""
+    if draft_tokenizer is None or target_tokenizer.get_vocab() == draft_tokenizer.get_vocab():
+        return
+    a, b = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    differ = sorted(set(a.items()) ^ set(b.items()), key=lambda kv: kv[1])[:3]
+    raise ValueError(f"draft and target tokenizers differ ({len(a)} and {len(b)} tokens; e.g. "
+                     f"{', '.join(f'{k!r}->{v}' for k, v in differ)}): speculative decoding compares token ids, so "
+                     f"the draft must use the target's tokenizer")
 
 
 def _is_local(path) -> bool:
@@ -109,6 +139,7 @@ def load_models(spec="tiny", device="auto", dtype="auto") -> ModelPair:
     draft = _load_one(draft_src, device, dtype, offline and not _is_local(draft_src))
     check_same_vocab(target, draft)
     tokenizer = AutoTokenizer.from_pretrained(target_src, local_files_only=offline and not _is_local(target_src))
+    check_same_tokenizer(tokenizer, _draft_tokenizer(draft_src, offline))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return ModelPair(target=target, draft=draft, tokenizer=tokenizer, device=device, name=name)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .checks import check_int
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -26,10 +28,13 @@ class SamplingConfig:
             raise TypeError(f"temperature must be a number, got {t!r}")
         if not math.isfinite(t) or t < 0:
             raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {t}")
-        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
-            raise ValueError(f"top_k must be a positive int or None, got {self.top_k!r}")
-        if self.top_p is not None and not (0 < self.top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p!r}")
+        if self.top_k is not None:
+            check_int("top_k", self.top_k, 1)
+        if self.top_p is not None:
+            if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)):
+                raise TypeError(f"top_p must be a number in (0, 1] or None, got {self.top_p!r}")
+            if not 0 < self.top_p <= 1:  # NaN fails this too
+                raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p!r}")
 
     @property
     def greedy(self) -> bool:

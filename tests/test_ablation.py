@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from specdec_lib import ablation, viz_ablation
-from specdec_lib.ngram_table import ensure_frozen_table, frozen_table_path
+from specdec_lib import viz
+from specdec_lib.bench import ablation
+from specdec_lib.tools.frozen_tables import ensure_frozen_table, frozen_table_path
 
 RUN = dict(max_new_tokens=12, repeats=1, limit=1, progress=False)
 
@@ -34,17 +35,17 @@ def test_table1_and_sweep(tiny_pair):
     t1 = ablation.table1(tiny_pair, "editing", **RUN)
     assert list(t1.variant) == ["dual", "no frozen", "only frozen", "hf"] and t1.all_match_hf.all()
     assert t1.loc[1, "frozen"] is False or t1.loc[1, "frozen"] == False  # noqa: E712
-    fig = viz_ablation.table1_figure(t1)
+    fig = viz.table1_figure(t1)
     assert list(fig.data[0].x) == ["dual", "no frozen", "only frozen"]
     assert list(fig.data[1].y) == list(t1.mat[:3])
     sw = ablation.sweep(tiny_pair, "code", "tdl", [8, 24], base=dict(crt=2), **RUN)
     assert list(sw.variant) == ["tdl=8", "tdl=24", "hf"] and list(sw.tdl[:2]) == [8, 24]
-    fig = viz_ablation.sweep_figure(sw, "tdl")
+    fig = viz.sweep_figure(sw, "tdl")
     assert list(fig.data[0].x) == ["8", "24"] and list(fig.data[1].y) == list(sw.mat[:2])
 
 
 def test_ll_fl_grid_with_tables_built_on_demand(tiny_pair, tmp_path, monkeypatch):
-    from specdec_lib import cacheback
+    from specdec_lib.tools import frozen_tables
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     texts = ["for i in range(10):\n    total += i\n" * 20, "def f(x):\n    return x + 1\n" * 10]
@@ -61,8 +62,8 @@ def test_ll_fl_grid_with_tables_built_on_demand(tiny_pair, tmp_path, monkeypatch
     assert sorted(zip(grid.ll, grid.fl)) == [(1, 2), (1, 3), (2, 2), (2, 3)] and grid.all_match_hf.all()
     assert all(p.parent == tmp_path / "tables" for p in built.values())
     assert progress[-1][0] == progress[-1][1] and [d for d, _ in progress] == sorted(d for d, _ in progress)
-    assert not cacheback._FROZEN  # dropped after each LL
-    fig = viz_ablation.heatmap_figure(grid, "speedup")
+    assert not frozen_tables._FROZEN  # dropped after each LL
+    fig = viz.heatmap_figure(grid, "speedup")
     cell = grid[(grid.ll == 2) & (grid.fl == 3)].speedup.iloc[0]
     assert list(fig.data[0].x) == ["2", "3"] and list(fig.data[0].y) == ["1", "2"]
     assert fig.data[0].z[1][1] == pytest.approx(cell)
@@ -72,15 +73,15 @@ def test_steps_and_draft_time_figures(tiny_pair):
     from specdec_lib import generate
 
     result = generate("cacheback", tiny_pair.target, tiny_pair.encode("import os\nimport sys\n"), 16, tdl=16, crt=4)
-    fig = viz_ablation.steps_figure(result)
+    fig = viz.steps_figure(result)
     assert list(fig.data[0].y) == [s["tree_size"] for s in result.stats["steps"]]
     assert list(fig.data[1].y) == result.accept_lengths
-    fig = viz_ablation.draft_time_figure({"run": result, "values": [1.0, 2.0]})
+    fig = viz.draft_time_figure({"run": result, "values": [1.0, 2.0]})
     assert list(fig.data[0].y) == [s["draft_us"] for s in result.stats["steps"]] and list(fig.data[1].y) == [1.0, 2.0]
 
 
 def test_explorer_runs_sweeps_and_reports_errors(tiny_pair):
-    box = viz_ablation.ablation_explorer(tiny_pair, prompts=1, max_new_tokens=8)
+    box = viz.ablation_explorer(tiny_pair, prompts=1, max_new_tokens=8)
     c = box.controls
     assert c["num_tokens"].disabled and not c["tdl"].disabled
     c["tdl"].value, c["crt"].value = 16, 4

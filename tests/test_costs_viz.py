@@ -9,7 +9,8 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from specdec_lib import costs, viz
+from specdec_lib import viz
+from specdec_lib.bench import costs
 from specdec_lib.decoding import GenerationResult
 
 

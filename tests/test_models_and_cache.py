@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specdec_lib import generate, load_models
-from specdec_lib.kv_cache import cache_length, new_cache, rollback
+from specdec_lib.mechanisms.kv_cache import cache_length, new_cache, rollback
 from specdec_lib.models import TINY_DIR, resolve_device
 
 from conftest import random_lm
@@ -24,15 +24,18 @@ def test_tiny_pair_shape_and_cost_budget(tiny_pair):
     assert tiny_pair.tokenizer.eos_token == "<|endoftext|>"
 
 
-def test_local_directory_pair_roundtrip(tmp_path):
-    target, draft = random_lm("llama", seed=1), random_lm("llama", seed=2, layers=1)
+def _word_tokenizer(names):
     from transformers import PreTrainedTokenizerFast
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    vocab = {f"t{i}": i for i in range(97)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tok = Tokenizer(models.WordLevel({name: i for i, name in enumerate(names)}, unk_token=names[0]))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="t1", unk_token="t0")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=names[1], unk_token=names[0])
+
+
+def test_local_directory_pair_roundtrip(tmp_path):
+    target, draft = random_lm("llama", seed=1), random_lm("llama", seed=2, layers=1)
+    tokenizer = _word_tokenizer([f"t{i}" for i in range(97)])
     for name, model in (("target", target), ("draft", draft)):
         model.save_pretrained(tmp_path / name)
         tokenizer.save_pretrained(tmp_path / name)
@@ -41,6 +44,16 @@ def test_local_directory_pair_roundtrip(tmp_path):
     assert ids.tolist() == [[5, 6, 7, 8]]
     assert generate("autoregressive", pair.target, ids, 6).new_tokens == \
         generate("autoregressive", target, ids, 6).new_tokens
+
+
+def test_draft_with_another_tokenizer_of_equal_size_is_refused(tmp_path):
+    names = [f"t{i}" for i in range(97)]
+    shuffled = names[:2] + names[2:][::-1]  # same size, other ids for the same strings
+    for name, seed, tokenizer in (("target", 1, _word_tokenizer(names)), ("draft", 2, _word_tokenizer(shuffled))):
+        random_lm("llama", seed=seed, layers=1).save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    with pytest.raises(ValueError, match="tokenizers differ \\(97 and 97 tokens"):
+        load_models((tmp_path / "target", tmp_path / "draft"), device="cpu")
 
 
 def test_mismatched_vocab_pair_is_refused(tmp_path):

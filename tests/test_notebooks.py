@@ -4,7 +4,7 @@ from __future__ import annotations
 import nbformat
 import pytest
 
-from specdec_lib import run_notebooks
+from specdec_lib.tools import run_notebooks
 
 NOTEBOOKS = run_notebooks.find_notebooks()
 

@@ -6,8 +6,8 @@ import json
 import torch
 
 from specdec_lib import generate, load_models
-from specdec_lib.corpus import is_heldout, load_corpus
-from specdec_lib.train_tiny import main
+from specdec_lib.tools.corpus import is_heldout, load_corpus
+from specdec_lib.tools.train_tiny import main
 
 
 def test_corpus_split_is_whole_files_and_disjoint(tmp_path):

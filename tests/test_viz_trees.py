@@ -1,4 +1,5 @@
-"""viz_trees: the figures carry exactly the data they were given, and the explorers build and redraw."""
+"""viz tables, trees and masks (+ common.token_text): the figures carry exactly the data they were given, and
+the explorers build and redraw."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,10 +7,10 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from specdec_lib import viz_trees
-from specdec_lib.draft_tree import DraftTree, grow_tree
-from specdec_lib.ngram_table import FrozenNgramTable, NgramTable
-from specdec_lib.tree_attention import dense_tree_mask, tree_attention_mask
+from specdec_lib.mechanisms.draft_tree import DraftTree, grow_tree
+from specdec_lib.mechanisms.masks import dense_tree_mask, tree_attention_mask
+from specdec_lib.mechanisms.ngram_table import FrozenNgramTable, NgramTable
+from specdec_lib.viz import common, masks, tables, trees
 
 
 def decode(ids):
@@ -47,10 +48,10 @@ def small_tree():
 
 
 def test_token_text():
-    assert viz_trees.token_text([1, 2]) == "1 2"
-    assert viz_trees.token_text(np.int64(7)) == "7"
-    assert viz_trees.token_text(torch.tensor([0, 1]), decode) == "ab"
-    assert viz_trees.token_text([0], lambda ids: " x\n\t") == "·x↵⇥"
+    assert common.token_text([1, 2]) == "1 2"
+    assert common.token_text(np.int64(7)) == "7"
+    assert common.token_text(torch.tensor([0, 1]), decode) == "ab"
+    assert common.token_text([0], lambda ids: " x\n\t") == "·x↵⇥"
 
 
 def test_table_figure_lists_leaders_and_followers_in_recency_order():
@@ -60,39 +61,42 @@ def test_table_figure_lists_leaders_and_followers_in_recency_order():
     table.insert([1], [12, 13])  # leader 1 is MRU again; follower (12, 13) MRU among its followers
     table.insert([3], [30, 31])
     table.query([2])  # a hit: leader 2 becomes MRU, its followers keep their order
-    fig = viz_trees.table_figure(table)
+    fig = tables.table_figure(table)
     assert isinstance(fig, go.Figure) and isinstance(fig.data[0], go.Table)
     cells = fig.data[0].cells.values
     assert list(cells[0]) == ["1", "2", "3"]  # leader rank, MRU first
-    assert list(cells[1]) == ["2", "3", "1"] == [viz_trees.token_text(l) for l in table.leaders()]
+    assert list(cells[1]) == ["2", "3", "1"] == [common.token_text(l) for l in table.leaders()]
     assert list(cells[2]) == ["20 21", "30 31", "12 13"]  # first follower column: each leader's MRU follower
     assert list(cells[3]) == ["", "", "10 11"]
     header = fig.data[0].header.values
     assert header[2].startswith("follower 1") and len(header) == 4
     # decoded text, a chosen subset of leaders in the given order, and the list-of-pairs input
-    fig = viz_trees.table_figure(table, leaders=[(1,), (3,)], decode=decode)
+    fig = tables.table_figure(table, leaders=[(1,), (3,)], decode=decode)
     assert list(fig.data[0].cells.values[1]) == ["b", "d"] and list(fig.data[0].cells.values[2]) == ["mn", "ef"]
-    fig = viz_trees.table_figure(table.items(), max_leaders=2)
+    fig = tables.table_figure(table.items(), max_leaders=2)
     assert list(fig.data[0].cells.values[1]) == ["2", "3"] and "2 of 3 leaders" in fig.layout.title.text
 
 
 def test_table_figure_of_a_frozen_table():
     frozen = FrozenNgramTable.from_token_streams([[1, 2, 1, 2, 1, 3]], 1, 1, 4, 4, progress=False)
-    fig = viz_trees.table_figure(frozen)
+    fig = tables.table_figure(frozen)
     assert list(fig.data[0].cells.values[1]) == ["1", "2"]  # leader 1 starts 3 windows, 2 starts 2
     assert list(fig.data[0].cells.values[2]) == ["2", "1"] and list(fig.data[0].cells.values[3]) == ["3", ""]
 
 
 def test_tree_layout_chains_are_straight(small_tree):
-    x, y = viz_trees.tree_layout(small_tree.parents)
+    x, y = trees.tree_layout(small_tree.parents)
     assert x == [0, 1, 2, 2, 1, 2, 3]
     assert y[2] == 0 and y[3] == 1 and y[1] == 0.5  # node 0 between its children 1 and 2
     assert y[4] == y[5] == y[6] == 2  # the chain 3 - 4 - 5 on one line
     assert y[0] == (0.5 + 2) / 2  # the root between its first and last child
+    assert trees.tree_layout(small_tree) == (x, y)  # the tree itself: its own children index, same layout
+    with pytest.raises(ValueError, match="parent"):
+        trees.tree_layout([-1, 2, 0])  # a parents list must be topological, like a DraftTree's
 
 
 def test_tree_figure_nodes_edges_and_accepted_path(small_tree):
-    fig = viz_trees.tree_figure(small_tree, decode=decode, accepted=[3, 4], bonus=9)
+    fig = trees.tree_figure(small_tree, decode=decode, accepted=[3, 4], bonus=9)
     traces = {t.name: t for t in fig.data}
     nodes = traces["nodes"]
     assert len(nodes.x) == len(small_tree) + 1  # one point per node plus the root
@@ -105,35 +109,27 @@ def test_tree_figure_nodes_edges_and_accepted_path(small_tree):
     edges = [v for v in traces["edges"].x]
     assert edges.count(None) == len(small_tree)  # one segment per node, to its parent
     assert list(traces["bonus token"].text) == [decode([9])] and list(traces["bonus token"].x) == [3]
-    plain = viz_trees.tree_figure(small_tree)
+    plain = trees.tree_figure(small_tree)
     assert [t.name for t in plain.data] == ["edges", "nodes"]
     assert list(plain.data[1].text)[1:] == ["1", "2", "3", "4", "5", "6"]
-    empty = viz_trees.tree_figure(DraftTree(5))
+    empty = trees.tree_figure(DraftTree(5))
     assert len(empty.data[1].x) == 1
 
 
 def test_mask_figure_z_equals_the_mask(small_tree):
     mask = dense_tree_mask(small_tree)
     labels = ["root"] + [decode([t]) for t in small_tree.tokens]
-    fig = viz_trees.mask_figure(mask, labels=labels)
+    assert masks.mask_labels(small_tree, decode) == labels
+    fig = masks.mask_figure(mask, labels=labels)
     heat = fig.data[0]
     np.testing.assert_array_equal(np.array(heat.z), mask.numpy().astype(int))
     assert list(fig.layout.yaxis.ticktext) == [f"{i}: {t}" for i, t in enumerate(labels)]
     assert list(fig.layout.xaxis.ticktext) == labels
     # a full (1, 1, q, prefix + q) mask is squeezed; no labels past max_labels
     full = tree_attention_mask(small_tree, prefix_len=3, backend="bool")
-    fig = viz_trees.mask_figure(full, max_labels=2, labels=labels)
+    fig = masks.mask_figure(full, max_labels=2, labels=labels)
     np.testing.assert_array_equal(np.array(fig.data[0].z), full[0, 0].numpy().astype(int))
     assert fig.layout.yaxis.ticktext is None
-
-
-def test_cost_figure_one_line_per_group():
-    import pandas as pd
-
-    df = pd.DataFrame(dict(LC=[1, 10, 100] * 2, us=[1.0, 1.1, 1.2, 2.0, 2.1, 2.2], FC=[4] * 3 + [64] * 3))
-    fig = viz_trees.cost_figure(df, "LC", "us", "FC", log_x=True)
-    assert [t.name for t in fig.data] == ["FC=4", "FC=64"]
-    assert list(fig.data[1].y) == [2.0, 2.1, 2.2] and fig.layout.xaxis.type == "log"
 
 
 def _widgets(box):
@@ -147,7 +143,7 @@ def _widgets(box):
 
 
 def test_table_explorer_builds_and_updates():
-    box = viz_trees.table_explorer(CharTokenizer(), LL=1, FL=1, LC=3, FC=2, texts={"a": "abcabc", "b": "xyz"})
+    box = tables.table_explorer(CharTokenizer(), LL=1, FL=1, LC=3, FC=2, texts={"a": "abcabc", "b": "xyz"})
     w = _widgets(box)
     assert {"example", "text", "LL", "FL", "LC", "FC"} <= set(w)
     first = box.state["figure"]
@@ -175,8 +171,8 @@ def test_tree_explorer_builds_and_updates():
         return [table]
 
     prompts = [{"id": "p0", "prompt": "abcabcabcabd"}, {"id": "p1", "prompt": "hello hello hello"}]
-    box = viz_trees.tree_explorer(FakePair(), prompts, tables_factory, tdl=12, crt=2, ll=1, fl=2,
-                                  accept_fn=lambda tree, ids: tree.path_to(len(tree) - 1) if len(tree) else [])
+    box = trees.tree_explorer(FakePair(), prompts, tables_factory, tdl=12, crt=2, ll=1, fl=2,
+                              accept_fn=lambda tree, ids: tree.path_to(len(tree) - 1) if len(tree) else [])
     w = _widgets(box)
     assert {"prompt", "TDL", "CRT", "LL", "FL"} <= set(w)
     tree = box.state["tree"]

@@ -1,12 +1,16 @@
-"""Figures and the ablation explorer of notebook 04 (Cacheback end to end). Functions return `go.Figure`s.
+"""Benchmarks and ablations (notebooks 00, 03 and 04): methods side by side, sweeps, Table 1, Figure 4.
 
-- `steps_figure(result)`: per decoding step, the tree size verified and the tokens gained;
-- `draft_time_figure({name: result})`: the distribution of per-step drafting time (tree growth), µs;
-- `table1_figure(table)`: Table 1 (dual / no frozen / only frozen) as bars of speedup and MAT;
-- `heatmap_figure(grid)`: Figure 4, speedup (or MAT) over LL x FL;
-- `sweep_figure(table, param)`: tokens/s and MAT against one parameter (TDL, CRT...);
-- `ablation_explorer(pair)`: widgets to pick a method, a suite and settings (or a sweep), run it with a
-  progress bar, and see the table and the chart.
+Every figure takes a table from `specdec_lib.bench` (`harness.summarize`, `ablation.run_variants`,
+`ablation.table1`, `ablation.sweep`, `ablation.ll_fl_grid`) and returns a `go.Figure`:
+
+- `bench_figure(summary)`: tokens/s and MAT per method, side by side.
+- `gamma_sweep_figure(table)`: tokens/s and MAT against gamma, one line per method.
+- `table1_figure(table)`: Table 1 (dual / no frozen / only frozen tables) as bars of speedup and MAT.
+- `heatmap_figure(grid)`: Figure 4, speedup (or MAT) over LL x FL.
+- `sweep_figure(table, param)`: tokens/s and MAT against one parameter (TDL, CRT...).
+- `ablation_explorer(pair)`: widgets to pick a method, a suite and settings (or a sweep), run it against hf
+  with a progress bar, and see the table and the chart. It benchmarks through `bench.ablation`: the one
+  viz function that runs models itself, since running them on demand is its purpose.
 """
 from __future__ import annotations
 
@@ -16,32 +20,51 @@ from typing import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .common import MAT_COLUMNS, TOKENS_PER_S, pick_column, render
 
-def steps_figure(result, title: str | None = None) -> go.Figure:
-    """Bars: draft tree size of every step (nodes verified); markers: tokens gained (accepted + bonus)."""
-    steps = result.stats["steps"]
-    x = list(range(len(steps)))
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_trace(go.Bar(x=x, y=[s["tree_size"] for s in steps], name="tree size (draft nodes)",
-                         marker_color="rgb(158,202,225)"), secondary_y=False)
-    fig.add_trace(go.Scatter(x=x, y=[s["emitted"] for s in steps], mode="markers+lines", name="tokens gained",
-                             marker=dict(color="crimson", size=7), line=dict(width=1)), secondary_y=True)
-    fig.update_xaxes(title_text="decoding step (one target forward)")
-    fig.update_yaxes(title_text="draft nodes", rangemode="tozero", secondary_y=False)
-    fig.update_yaxes(title_text="tokens gained", rangemode="tozero", secondary_y=True)
-    fig.update_layout(template="plotly_white", legend=dict(orientation="h", y=1.1),
-                      title=title or f"{len(steps)} steps, MAT {result.mean_accepted:.2f}")
+
+def bench_figure(summary, tokens_col: str | None = None, mat_col: str | None = None) -> go.Figure:
+    """Bars of tokens/s and MAT per method from `harness.summarize(runs)` (method as column or index)."""
+    table = summary.reset_index() if "method" not in summary.columns else summary
+    methods = table["method"].astype(str).tolist()
+    tokens_col = tokens_col or pick_column(table, TOKENS_PER_S, "tokens/s")
+    mat_col = mat_col or pick_column(table, MAT_COLUMNS, "MAT")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens / s (higher is faster)",
+                                                        "MAT: tokens per target forward"))
+    fig.add_trace(go.Bar(x=methods, y=table[tokens_col].tolist(), name="tokens/s",
+                         text=[f"{x:.0f}" for x in table[tokens_col]], textposition="auto"), row=1, col=1)
+    fig.add_trace(go.Bar(x=methods, y=table[mat_col].tolist(), name="MAT",
+                         text=[f"{x:.2f}" for x in table[mat_col]], textposition="auto"), row=1, col=2)
+    fig.update_layout(title="Methods side by side", showlegend=False, template="plotly_white")
     return fig
 
 
-def draft_time_figure(results: dict, title: str | None = None) -> go.Figure:
-    """One box per named result (or list of µs values): the per-step drafting time."""
-    fig = go.Figure()
-    for name, result in results.items():
-        values = [s["draft_us"] for s in result.stats["steps"]] if hasattr(result, "stats") else list(result)
-        fig.add_trace(go.Box(y=values, name=str(name), boxpoints="outliers"))
-    fig.update_layout(template="plotly_white", yaxis_title="drafting time per step (µs)", showlegend=False,
-                      title=title or "Tree growth time per decoding step")
+def gamma_sweep_figure(table, methods: Sequence[str] | None = None, title: str | None = None) -> go.Figure:
+    """Tokens/s (left) and MAT (right) against gamma, one line per method.
+
+    table: one row per (gamma, method), e.g. `harness.summarize` outputs concatenated with a `gamma` column;
+    tokens/s from `tokens_per_s` (or another name in `common.TOKENS_PER_S`), MAT from `mat` (or `mean_accepted`)."""
+    tps = pick_column(table, TOKENS_PER_S, "tokens/s")
+    mat = pick_column(table, MAT_COLUMNS, "MAT")
+    methods = list(methods) if methods is not None else list(dict.fromkeys(table["method"]))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens / s (higher is faster)",
+                                                        "MAT: tokens per target forward"))
+    palette = ["rgb(31,119,180)", "rgb(255,127,14)", "rgb(44,160,44)", "rgb(214,39,40)", "rgb(148,103,189)",
+               "rgb(140,86,75)"]
+    for i, method in enumerate(methods):
+        rows = table[table["method"] == method].sort_values("gamma")
+        color = palette[i % len(palette)]
+        for col, column in ((1, tps), (2, mat)):
+            fig.add_trace(go.Scatter(x=rows["gamma"].tolist(), y=rows[column].tolist(), mode="lines+markers",
+                                     name=method, legendgroup=method, showlegend=col == 1,
+                                     line=dict(color=color),
+                                     hovertemplate=f"{method}<br>gamma=%{{x}}<br>%{{y:.2f}}<extra></extra>"),
+                          row=1, col=col)
+    gammas = sorted(table["gamma"].dropna().unique().tolist())
+    fig.update_xaxes(title_text="gamma (draft length)", tickvals=gammas)
+    fig.update_yaxes(title_text="tokens / s", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="MAT", rangemode="tozero", row=1, col=2)
+    fig.update_layout(template="plotly_white", title=title or "Speed and MAT against gamma", legend_title="method")
     return fig
 
 
@@ -111,6 +134,7 @@ METHOD_SETTINGS = {  # explorer: the sliders each method reads
 
 
 def _values(text: str) -> list:
+    """The sweep's "values" box as Python values: "16, 32" -> [16, 32]; anything not a literal stays a string."""
     import ast
 
     out = []
@@ -131,8 +155,7 @@ def ablation_explorer(pair, suites: Sequence[str] = ("code", "editing"), prompts
     button does; `.state` holds table, figure and error."""
     import ipywidgets as widgets
 
-    from .ablation import TABLE1, run_variants
-    from .viz_trees import _render
+    from ..bench.ablation import TABLE1, run_variants
 
     method = widgets.Dropdown(options=list(METHOD_SETTINGS), value="cacheback", description="method")
     suite = widgets.Dropdown(options=list(suites), description="suite")
@@ -199,7 +222,7 @@ def ablation_explorer(pair, suites: Sequence[str] = ("code", "editing"), prompts
         lossless = "every variant reproduced hf's tokens" if table.all_match_hf.all() else "MISMATCH with hf"
         status.value = f"done: {lossless}"
         table_view.value = table.drop(columns=["label"]).round(3).to_html(index=False)
-        _render(view, fig)
+        render(view, fig)
 
     method.observe(on_method, names="value")
     button.on_click(run)

@@ -6,8 +6,8 @@ Saxena 2023 (github.com/apoorvumang/prompt-lookup-decoding); HF ships it as `pro
              position (one whose n-gram is followed by at least one token); the first n that matches wins;
     propose: the num_tokens tokens that followed it, as a chain (DraftTree.chain), cut after an EOS and at
              what can still be emitted; no match: an empty chain (one plain autoregressive step);
-    verify:  the chain is a tree: cacheback.decode_with_trees verifies it in one forward and commits by KV
-             compaction (the same loop, prefill folded into the first forward, greedy or lossless sampling).
+    verify:  the chain is a tree: the one decoding loop (loop.py) verifies it in one forward and commits by KV
+             compaction (prefill folded into the first forward, greedy or lossless sampling).
 
 Which match: by default the MOST RECENT one (match="recent"); match="earliest" takes the first one. The
 original and HF both take the earliest (left-to-right scan), and both cut the copy at the end of the text.
@@ -23,11 +23,9 @@ Simplifications: batch size 1; one candidate (no tree of several matches).
 """
 from __future__ import annotations
 
-import numbers
-
-from .cacheback import decode_with_trees
-from .decoding import GenerationResult, Request, register
-from .draft_tree import DraftTree
+from ..checks import check_int
+from ..loop import LoopState, Proposal, Proposer, register_proposer
+from ..mechanisms.draft_tree import DraftTree
 
 
 class NgramIndex:
@@ -73,28 +71,33 @@ def continuation(seq: list[int], start: int, count: int, eos: int | None = None)
     return out
 
 
-@register("prompt_lookup")
-def prompt_lookup(req: Request, num_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1,
-                  match: str = "recent", debug: bool = False) -> GenerationResult:
+@register_proposer("prompt_lookup")
+class PromptLookup(Proposer):
     """Prompt lookup decoding (our own: latest n-gram match, chain verified as a tree, KV compaction)."""
-    for name, value in dict(num_tokens=num_tokens, max_ngram=max_ngram, min_ngram=min_ngram).items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    if min_ngram > max_ngram:
-        raise ValueError(f"min_ngram ({min_ngram}) must be <= max_ngram ({max_ngram})")
-    if match not in ("recent", "earliest"):
-        raise ValueError(f"match must be 'recent' or 'earliest', got {match!r}")
-    index = NgramIndex(min_ngram, max_ngram, earliest=match == "earliest")
-    index.extend(req.input_ids[0].tolist())
 
-    def propose(committed, max_depth):
-        n, start = index.lookup(committed)
-        drafts = continuation(committed, start, min(num_tokens, max_depth), req.eos_token_id) if n else []
-        return DraftTree.chain(committed[-1], drafts), dict(ngram=n)
+    def __init__(self, num_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1, match: str = "recent"):
+        self.num_tokens, self.max_ngram, self.min_ngram = (check_int(name, value, 1) for name, value in (
+            ("num_tokens", num_tokens), ("max_ngram", max_ngram), ("min_ngram", min_ngram)))
+        if min_ngram > max_ngram:
+            raise ValueError(f"min_ngram ({min_ngram}) must be <= max_ngram ({max_ngram})")
+        if match not in ("recent", "earliest"):
+            raise ValueError(f"match must be 'recent' or 'earliest', got {match!r}")
+        self.match = match
 
-    def after_step(committed, n_new):
-        index.extend(committed)
+    def start(self, state: LoopState) -> None:
+        self.eos = state.request.eos_token_id
+        self.index = NgramIndex(self.min_ngram, self.max_ngram, earliest=self.match == "earliest")
+        self.index.extend(state.committed)
 
-    result = decode_with_trees(req, propose, after_step, debug)
-    result.stats["config"] = dict(num_tokens=num_tokens, max_ngram=max_ngram, min_ngram=min_ngram, match=match)
-    return result
+    def propose(self, state: LoopState, budget: int) -> Proposal:
+        committed = state.committed
+        n, start = self.index.lookup(committed)
+        drafts = continuation(committed, start, min(self.num_tokens, budget), self.eos) if n else []
+        return Proposal(DraftTree.chain(committed[-1], drafts), info=dict(ngram=n))
+
+    def observe(self, state: LoopState, verdict) -> None:
+        self.index.extend(state.committed)  # indexes only the n-grams it has not seen
+
+    def stats(self) -> dict:
+        return dict(config=dict(num_tokens=self.num_tokens, max_ngram=self.max_ngram, min_ngram=self.min_ngram,
+                                match=self.match))

@@ -36,6 +36,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from ..checks import check_int
+
 ROOT = -1  # the parent index of the root's children
 
 
@@ -194,8 +196,7 @@ def grow_tree(context_tokens: Sequence[int], tables: Sequence, tdl: int = 96, cr
               merge: bool = False) -> DraftTree:
     """Cacheback's draft tree for the committed `context_tokens` (root = the last one); see the module doc."""
     for name, value in (("tdl", tdl), ("crt", crt), ("refed", refed)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        check_int(name, value, 0)
     if len(context_tokens) == 0:
         raise ValueError("context_tokens is empty: the root is its last token")
     context = [int(t) for t in context_tokens]

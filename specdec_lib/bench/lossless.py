@@ -32,8 +32,9 @@ from typing import Mapping, NamedTuple
 
 import torch
 
-from .decoding import generate
-from .sampling import SamplingConfig, probs
+from ..decoding import generate
+from ..models import vocab_size
+from ..sampling import SamplingConfig, probs
 
 
 @torch.inference_mode()
@@ -45,7 +46,7 @@ def exact_sequence_distribution(target, input_ids, length: int, sampling: Sampli
     mass of each prefix is multiplied by the warped p of its last row. Probabilities sum to 1 (float64)."""
     if sampling.greedy:
         raise ValueError("the exact distribution is for sampling (temperature > 0); greedy is a parity test")
-    vocab = target.get_output_embeddings().weight.shape[0]
+    vocab = vocab_size(target)
     if vocab ** length > max_sequences:
         raise ValueError(f"{vocab}^{length} continuations is more than max_sequences={max_sequences}")
     device = next(target.parameters()).device

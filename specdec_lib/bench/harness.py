@@ -39,11 +39,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from .decoding import METHODS, context_length, generate
-from .models import DATA_DIR
+from ..decoding import METHODS, context_length, generate
+from ..models import PROMPTS_DIR
 
 SUITES = ("code", "editing")
-PROMPTS_DIR = DATA_DIR / "prompts"
 DEFAULT_LIMIT = 12  # CLI default: the first 12 prompts of a suite (24 x 3 repeats took 8 minutes on 2 CPU cores)
 
 
@@ -230,7 +229,7 @@ def main(argv=None) -> pd.DataFrame:
     parser.add_argument("--out", default="results")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
-    from .models import load_models
+    from ..models import load_models
 
     spec = "tiny" if args.models == "tiny" else tuple(args.models.split(","))
     pair = load_models(spec, device=args.device, dtype=args.dtype)

@@ -29,15 +29,13 @@ from pathlib import Path
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ..checks import check_int
+
 _FORMAT = "specdec-frozen-ngram-v1"
 
 
 def _check_params(**params) -> tuple[int, ...]:
-    for name, value in params.items():
-        # bool is an int subclass; True as a capacity is a bug, not a 1.
-        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return tuple(int(v) for v in params.values())
+    return tuple(check_int(name, value, 1) for name, value in params.items())
 
 
 def _key(seq, n: int, what: str) -> tuple[int, ...]:
@@ -290,108 +288,3 @@ def tokenizer_meta(tokenizer) -> dict:
             "vocab_size": len(tokenizer), "vocab_fingerprint": hashlib.sha256(vocab.encode()).hexdigest()[:16]}
     _META_MEMO[id(tokenizer)] = (tokenizer, meta)
     return dict(meta)
-
-
-def build_frozen_table(tokenizer, texts, leader_len=1, follower_len=3, leader_capacity=2**20,
-                       follower_capacity=128, progress=True, batch_size=256, text_column="text"):
-    """Tokenize `texts` (strings, or a `datasets.Dataset` with `text_column`) and count them. No special tokens,
-    as in `ModelPair.encode`, so the table holds the ids the decoder will query it with."""
-    from tqdm.auto import tqdm
-
-    if hasattr(texts, "column_names") or isinstance(texts, dict):  # a Dataset, or load_corpus's plain columns
-        texts = texts[text_column]
-    texts, streams = list(texts), []
-    if not all(isinstance(t, str) for t in texts):
-        raise TypeError("texts must be strings (or a dataset / dict with a text column)")
-    for start in tqdm(range(0, len(texts), batch_size), desc="tokenize", disable=not progress):
-        # verbose=False: corpus files are longer than the model's context, which is fine for counting.
-        batch = tokenizer(texts[start:start + batch_size], add_special_tokens=False, verbose=False)
-        streams.extend(batch["input_ids"])
-    return FrozenNgramTable.from_token_streams(streams, leader_len, follower_len, leader_capacity,
-                                               follower_capacity, progress=progress, meta=tokenizer_meta(tokenizer))
-
-
-def frozen_table_path(leader_len: int = 1, follower_len: int = 3, name: str = "tiny") -> Path:
-    """Where the workbook keeps a pair's frozen table: data/tables/<name>_frozen_LL<ll>_FL<fl>.npz."""
-    from .models import DATA_DIR
-    return DATA_DIR / "tables" / f"{name}_frozen_LL{leader_len}_FL{follower_len}.npz"
-
-
-def table_cache_dir() -> Path:
-    """Where tables built on demand are kept: $SPECDEC_CACHE/tables, else ~/.cache/specdec_lib/tables."""
-    import os
-    root = os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "specdec_lib"
-    return Path(root) / "tables"
-
-
-def cached_table_path(tokenizer, leader_len: int, follower_len: int, leader_capacity: int = 2**20,
-                      follower_capacity: int = 128, corpus_tag: str = "stdlib", cache_dir=None) -> Path:
-    """Where `ensure_frozen_table` keeps a table built on demand (it may not exist yet)."""
-    safe_tag = "".join(c if c.isalnum() or c in "-_." else "_" for c in corpus_tag)
-    name = (f"frozen_{tokenizer_meta(tokenizer)['vocab_fingerprint']}_{safe_tag}_LL{leader_len}_FL{follower_len}"
-            f"_LC{leader_capacity}_FC{follower_capacity}.npz")
-    return Path(cache_dir or table_cache_dir()) / name
-
-
-def ensure_frozen_table(tokenizer, leader_len: int = 1, follower_len: int = 3, leader_capacity: int = 2**20,
-                        follower_capacity: int = 128, texts=None, corpus_tag: str | None = None,
-                        cache_dir=None, progress: bool = True) -> Path:
-    """The path of a frozen table for this tokenizer and (LL, FL), building and caching it when missing.
-
-    Order: the table shipped under data/tables when it was built with this very tokenizer (vocabulary hash)
-    and the default corpus and capacities; else a table cached under `cache_dir` (default `table_cache_dir()`)
-    named by the tokenizer's hash, the corpus tag, LL, FL, LC and FC; else build it from `texts` (default: the
-    training split of the standard-library corpus, loaded with `datasets`; pass other texts with a
-    `corpus_tag` naming them, e.g. a hub dataset's column) and save it there. A build counts every window of
-    the corpus: about half a minute per table for the standard library on 2 CPU cores."""
-    import tempfile
-
-    _check_params(leader_len=leader_len, follower_len=follower_len, leader_capacity=leader_capacity,
-                  follower_capacity=follower_capacity)
-    if texts is not None and not corpus_tag:
-        raise ValueError("texts given without a corpus_tag: name the corpus, so its cached table is not "
-                         "mistaken for another corpus's")
-    meta = tokenizer_meta(tokenizer)
-    corpus_tag = corpus_tag or "stdlib"
-    shipped = frozen_table_path(leader_len, follower_len)
-    if corpus_tag == "stdlib" and (leader_capacity, follower_capacity) == (2**20, 128) and shipped.is_file():
-        with np.load(shipped) as data:
-            shipped_meta = json.loads(str(data["meta"]))
-        if shipped_meta.get("vocab_fingerprint") == meta["vocab_fingerprint"]:
-            return shipped
-    path = cached_table_path(tokenizer, leader_len, follower_len, leader_capacity, follower_capacity, corpus_tag,
-                             cache_dir)
-    if path.is_file():
-        return path
-    if texts is None:
-        from .corpus import load_corpus
-        texts = load_corpus(Path(tempfile.gettempdir()) / "specdec_corpus")["train"]["text"]
-    table = build_frozen_table(tokenizer, texts, leader_len, follower_len, leader_capacity, follower_capacity,
-                               progress=progress)
-    table.meta["corpus"] = corpus_tag
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return table.save(path)
-
-
-def main(argv=None) -> int:
-    """`python -m specdec_lib.ngram_table --build-frozen`: the tiny pair's frozen table, paper defaults (LC: all)."""
-    import argparse, tempfile  # noqa: E401
-    from transformers import AutoTokenizer
-    from .corpus import load_corpus
-    from .models import TINY_DIR
-    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
-    parser.add_argument("--build-frozen", action="store_true", required=True, help="build and save the table")
-    for flag, default in (("--ll", 1), ("--fl", 3), ("--lc", 2**20), ("--fc", 128)):
-        parser.add_argument(flag, type=int, default=default)
-    parser.add_argument("--corpus-dir", default=str(Path(tempfile.gettempdir()) / "specdec_corpus"))
-    parser.add_argument("--out", default=None, help="default: data/tables/tiny_frozen_LL<ll>_FL<fl>.npz")
-    args = parser.parse_args(argv)
-    tokenizer = AutoTokenizer.from_pretrained(str(TINY_DIR / "target"))
-    texts = load_corpus(args.corpus_dir)["train"]["text"]  # training split only; a list also without `datasets`
-    table = build_frozen_table(tokenizer, texts, args.ll, args.fl, args.lc, args.fc)
-    print(table, "->", table.save(args.out or frozen_table_path(args.ll, args.fl)), table.size_summary())
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from .costs import forward_cost
-from .decoding import generate
-from .models import TINY_DIR, load_models
+from ..bench.costs import forward_cost
+from ..decoding import generate
+from ..models import TINY_DIR, load_models
 
 SAMPLE_PROMPTS = ["def read_config(path):\n    \"\"\"Read a config file and return a dict.\"\"\"\n",
                   "class LRUCache:\n    def __init__(self, capacity):\n"]

@@ -19,7 +19,8 @@ import copy
 
 import torch
 
-from .decoding import GenerationResult, Request, register
+from ..checks import check_int
+from ..decoding import GenerationResult, Request, register
 
 
 class ForwardCounter:
@@ -94,16 +95,15 @@ def hf(req: Request) -> GenerationResult:
 @register("hf_prompt_lookup")
 def hf_prompt_lookup(req: Request, num_tokens: int = 10, max_ngram: int = 2) -> GenerationResult:
     """Hugging Face prompt lookup decoding (`prompt_lookup_num_tokens`)."""
-    if num_tokens < 1 or max_ngram < 1:
-        raise ValueError(f"num_tokens and max_ngram must be >= 1, got {num_tokens}, {max_ngram}")
+    check_int("num_tokens", num_tokens, 1)
+    check_int("max_ngram", max_ngram, 1)
     return _run_hf(req, prompt_lookup_num_tokens=num_tokens, max_matching_ngram_size=max_ngram)
 
 
 @register("hf_assisted", needs_draft=True)
 def hf_assisted(req: Request, gamma: int = 5) -> GenerationResult:
     """Hugging Face assisted generation (`assistant_model`) with a constant draft length gamma."""
-    if not isinstance(gamma, int) or gamma < 1:
-        raise ValueError(f"gamma must be a positive int, got {gamma!r}")
+    check_int("gamma", gamma, 1)
     # HF reads the draft length from the *assistant's* generation config; set it for this call only.
     draft_config = req.draft.generation_config
     saved = copy.deepcopy(draft_config)

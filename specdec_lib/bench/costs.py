@@ -27,14 +27,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .kv_cache import new_cache, rollback
+from ..mechanisms.kv_cache import new_cache, rollback
+from ..models import synchronize, vocab_size
 
 DEFAULT_Q = (1, 2, 4, 8, 16, 32, 64)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def forward_cost(model, q_values=DEFAULT_Q, prefix: int = 256, repeats: int = 15, warmup: int = 3,
@@ -54,7 +50,7 @@ def forward_cost(model, q_values=DEFAULT_Q, prefix: int = 256, repeats: int = 15
     if limit is not None and prefix + q_values[-1] > limit:
         raise ValueError(f"prefix {prefix} + q {q_values[-1]} exceeds the model's context of {limit}")
     device = next(model.parameters()).device
-    vocab = model.get_output_embeddings().weight.shape[0]
+    vocab = vocab_size(model)
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(1, vocab, (1, prefix + q_values[-1]), generator=generator).to(device)  # (1, P + Qmax)
     rows = []
@@ -65,10 +61,10 @@ def forward_cost(model, q_values=DEFAULT_Q, prefix: int = 256, repeats: int = 15
             step = ids[:, prefix: prefix + q]  # (1, q)
             times = []
             for i in range(warmup + repeats):
-                _sync(device)
+                synchronize(device)
                 start = time.perf_counter()
                 model(input_ids=step, past_key_values=cache, use_cache=True)
-                _sync(device)
+                synchronize(device)
                 if i >= warmup:
                     times.append((time.perf_counter() - start) * 1000)
                 rollback(cache, prefix)

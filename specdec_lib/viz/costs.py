@@ -1,25 +1,22 @@
-"""Plotly figures and ipywidgets explorers for the workbook; this module never runs a decoder.
-
-Every function takes results (tables from `costs`/`bench`, a `GenerationResult`, or plain numbers) and returns a
-plotly `go.Figure` (or, for explorers, an ipywidgets box); nothing here calls `show()`. Notebooks display the
-figure and, when asked, save it with `fig.write_html(...)`.
+"""What a forward costs and what speculation can gain (notebooks 00-02): timing curves and expected speedups.
 
 - `cost_curve_figure(costs)`: ms of one forward vs q (query tokens), one line per model (and device), log-x.
-- `speedup_surface_figure(alphas, gammas, cost_ratio)`: heatmap of the expected speedup (Leviathan et al.).
-- `speedup_explorer(cost_ratio)`: sliders for alpha, gamma and cost ratio over a speedup-vs-gamma plot.
-- `bench_figure(summary)`: tokens/s and MAT per method, side by side.
-- `acceptance_figure(result)`: tokens gained by each target forward of one generation.
+- `speedup_surface_figure(alphas, gammas, cost_ratio)`: heatmap of the expected speedup (Leviathan et al.),
+  with the break-even contour.
+- `speedup_explorer(cost_ratio)`: sliders for alpha, gamma, cost ratio and verify overhead over the
+  speedup-vs-gamma curve.
+- `cost_figure(df, x, y, color)`: any timing against a parameter, one line per `color` group (table
+  operations against capacity, mask building against q, ...).
+
+The numbers come from `specdec_lib.bench.costs` (`forward_cost`, `expected_speedup`); this module only draws.
 """
 from __future__ import annotations
 
 import numpy as np
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
-from .costs import expected_speedup, expected_tokens_per_step
-
-TOKENS_PER_S = ("tokens_per_s", "tokens_per_second", "tok_per_s", "tok_s", "tokens/s")
-MAT_COLUMNS = ("mat", "MAT", "mean_accepted")
+from ..bench.costs import expected_speedup, expected_tokens_per_step
+from .common import render
 
 
 def cost_curve_figure(costs, y: str = "median_ms") -> go.Figure:
@@ -34,8 +31,8 @@ def cost_curve_figure(costs, y: str = "median_ms") -> go.Figure:
                                  name=" on ".join(str(k) for k in key),
                                  hovertemplate="q=%{x}<br>%{y:.2f} ms<extra></extra>"))
     prefix = f" over a cached prefix of {int(costs['prefix'].iloc[0])} tokens" if "prefix" in costs else ""
-    fig.update_layout(title=f"Cost of one forward vs query tokens q{prefix}", xaxis_title="q (new tokens in the forward)",
-                      yaxis_title="ms per forward (median)", template="plotly_white", legend_title="model")
+    fig.update_layout(title=f"Cost of one forward vs query tokens q{prefix}",
+                      xaxis_title="q (new tokens in the forward)", yaxis_title="ms per forward (median)", template="plotly_white", legend_title="model")
     fig.update_xaxes(type="log", tickvals=sorted(costs["q"].unique().tolist()))
     return fig
 
@@ -96,14 +93,10 @@ def speedup_explorer(cost_ratio: float = 0.2, alpha: float = 0.6, gamma: int = 4
                 view.layout.title.text = new.layout.title.text
                 view.layout.yaxis.range = new.layout.yaxis.range
     except (ImportError, ValueError):  # otherwise re-render a static figure into an Output
-        from IPython.display import display
-
         view = widgets.Output()
 
         def update(_=None):
-            view.clear_output(wait=True)
-            with view:
-                display(figure())
+            render(view, figure())
 
         update()
     for slider in (a, g, c, v):
@@ -111,37 +104,16 @@ def speedup_explorer(cost_ratio: float = 0.2, alpha: float = 0.6, gamma: int = 4
     return widgets.VBox([widgets.HBox([a, g]), widgets.HBox([c, v]), view])
 
 
-def _column(table, candidates, what):
-    for name in candidates:
-        if name in table.columns:
-            return name
-    raise KeyError(f"no {what} column in the summary (looked for {', '.join(candidates)}); "
-                   f"columns: {list(table.columns)}")
-
-
-def bench_figure(summary, tokens_col: str | None = None, mat_col: str | None = None) -> go.Figure:
-    """Bars of tokens/s and MAT per method from `bench.summarize(runs)` (method as column or index)."""
-    table = summary.reset_index() if "method" not in summary.columns else summary
-    methods = table["method"].astype(str).tolist()
-    tokens_col = tokens_col or _column(table, TOKENS_PER_S, "tokens/s")
-    mat_col = mat_col or _column(table, MAT_COLUMNS, "MAT")
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens / s (higher is faster)",
-                                                        "MAT: tokens per target forward"))
-    fig.add_trace(go.Bar(x=methods, y=table[tokens_col].tolist(), name="tokens/s",
-                         text=[f"{x:.0f}" for x in table[tokens_col]], textposition="auto"), row=1, col=1)
-    fig.add_trace(go.Bar(x=methods, y=table[mat_col].tolist(), name="MAT",
-                         text=[f"{x:.2f}" for x in table[mat_col]], textposition="auto"), row=1, col=2)
-    fig.update_layout(title="Methods side by side", showlegend=False, template="plotly_white")
-    return fig
-
-
-def acceptance_figure(result, title: str | None = None) -> go.Figure:
-    """Tokens each target forward added (bonus included) for one `GenerationResult`."""
-    lengths = list(result.accept_lengths)
-    fig = go.Figure(go.Bar(x=list(range(len(lengths))), y=lengths, name="tokens gained",
-                           hovertemplate="forward %{x}: +%{y}<extra></extra>"))
-    mat = sum(lengths) / len(lengths) if lengths else 0.0
-    fig.add_hline(y=mat, line_dash="dash", line_color="crimson", annotation_text=f"MAT {mat:.2f}")
-    fig.update_layout(title=title or f"{result.method or 'generation'}: tokens per target forward",
-                      xaxis_title="target forward", yaxis_title="tokens gained", template="plotly_white")
+def cost_figure(df, x: str, y: str, color: str | None = None, title: str | None = None, log_x: bool = False,
+                y_title: str | None = None) -> go.Figure:
+    """Lines+markers of `y` against `x`, one line per value of `color` (a pandas DataFrame)."""
+    fig = go.Figure()
+    groups = df.groupby(color, sort=False) if color else [(None, df)]
+    for key, rows in groups:
+        rows = rows.sort_values(x)
+        name = f"{color}={key[0] if isinstance(key, tuple) else key}" if color else y
+        fig.add_trace(go.Scatter(x=rows[x].tolist(), y=rows[y].tolist(), mode="lines+markers", name=name))
+    fig.update_layout(title=title or f"{y} vs {x}", xaxis_title=x, yaxis_title=y_title or y, template="plotly_white")
+    if log_x:
+        fig.update_xaxes(type="log")
     return fig

@@ -31,9 +31,8 @@ import textwrap
 from pathlib import Path
 
 from .corpus import is_heldout, stdlib_files
-from .models import DATA_DIR, TINY_DIR
+from ..models import PROMPTS_DIR, TINY_DIR
 
-PROMPTS_DIR = DATA_DIR / "prompts"
 PROMPT_TOKENS = 300  # code prompts: at most this many tiny-tokenizer tokens
 SNIPPET_TOKENS = 170  # editing: the original function is at most this long
 EDIT_PROMPT_TOKENS = 400  # editing: original + partial rewrite

@@ -7,6 +7,8 @@
   raises. We support >= 5.15 and wrap it once here.
 - `compact(cache, keep_from, indices)`: keep a prefix plus chosen later entries (the accepted path of a
   verified draft tree), in place, with no re-feeding.
+- `TrackedCache`: a draft model's cache with the token ids it holds (the draft side of draft-model SD, whose
+  rollback follows the four scenarios of the DynamicCache blog; the target's cache is the loop's).
 
 Simplifications: full-attention caches only (no sliding-window layers), batch size 1.
 """
@@ -86,3 +88,41 @@ def compact(cache, keep_from: int, indices) -> None:
         layer.values[:, :, keep_from:end] = values
         layer.keys = layer.keys[:, :, :end]  # a view, exactly what DynamicLayer.crop leaves
         layer.values = layer.values[:, :, :end]
+
+
+class TrackedCache:
+    """A model, its DynamicCache, and the token ids the cache holds: all cache-length bookkeeping lives here.
+
+    Invariant, checked by `check` after every step in debug mode: cache_length(cache) == len(tokens), and
+    `tokens` is a prefix of the committed sequence. Between steps the target's cache holds every committed
+    token but the last; the draft's every committed token but the last one (or two, after a full acceptance).
+    """
+
+    def __init__(self, model):
+        self.model, self.cache, self.tokens = model, new_cache(model), []
+        self.device = next(model.parameters()).device
+
+    def feed(self, ids: list[int], keep: int = 1) -> torch.Tensor:
+        """Forward `ids` after the cached tokens; the logits of the last `keep` positions, (keep, V)."""
+        inputs = torch.tensor([ids], device=self.device)  # (1, len(ids))
+        # logits_to_keep: the LM head runs on the rows we read only (on step 1 that skips the prompt's rows)
+        out = self.model(input_ids=inputs, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
+        self.tokens.extend(ids)
+        return out.logits[0]  # (keep, V)
+
+    def commit(self, committed: list[int]) -> None:
+        """Roll back to the longest cached prefix of `committed` that leaves its last token unfed.
+
+        What the cache holds agrees with `committed` up to the first rejected draft, and the last committed
+        token (bonus or resampled) was never fed, so that prefix has min(len(tokens), len(committed) - 1)
+        tokens: for the target len(committed) - 1; for the draft too, except after a full acceptance where it
+        never fed its last draft (len(committed) - 2: scenario 3)."""
+        keep = min(len(self.tokens), len(committed) - 1)
+        rollback(self.cache, keep)
+        del self.tokens[keep:]
+
+    def check(self, committed: list[int], name: str) -> None:
+        length = cache_length(self.cache)
+        if length != len(self.tokens) or self.tokens != committed[:length] or length >= len(committed):
+            raise AssertionError(f"{name} cache holds {length} entries, its tokens {len(self.tokens)}, "
+                                 f"committed {len(committed)} (prefix match: {self.tokens == committed[:length]})")

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
-from .bench import parse_variant, run_bench, summarize
+from .harness import parse_variant, run_bench, summarize
 
 TABLE1 = {"dual": {}, "no frozen": {"frozen": False}, "only frozen": {"dynamic": False}}
 
@@ -92,7 +92,7 @@ def ll_fl_grid(pair, suite, lls: Sequence[int] = (1, 2, 3), fls: Sequence[int] =
                **run) -> pd.DataFrame:
     """Figure 4: speedup and MAT for every (LL, FL). frozen_for(ll, fl) -> the frozen table to use (a path,
     a table, or False); default: whatever frozen=True finds. One run per LL (see the module doc)."""
-    from . import cacheback
+    from ..tools import frozen_tables
 
     rows = []
     for i, ll in enumerate(lls):
@@ -106,6 +106,6 @@ def ll_fl_grid(pair, suite, lls: Sequence[int] = (1, 2, 3), fls: Sequence[int] =
         table = run_variants(pair, suite, variants, callback=step, **run)
         rows.append(table[table.variant != "hf"].assign(hf_tokens_per_s=float(
             table.loc[table.variant == "hf", "tokens_per_s"].iloc[0])))
-        cacheback.forget_frozen_tables()  # the next LL loads other tables
+        frozen_tables.forget_frozen_tables()  # the next LL loads other tables
     grid = pd.concat(rows, ignore_index=True)
     return grid.astype({"ll": int, "fl": int})

@@ -1,0 +1,7 @@
+"""Measuring: the benchmark harness (`python -m specdec_lib.bench`), the ablation runner, the forward cost curve
+and the expected-speedup model, and the statistical lossless check.
+
+    from specdec_lib import bench
+    runs = bench.run_bench(pair, "code", ["hf", "cacheback"]); bench.summarize(runs)
+"""
+from .harness import SUITES, load_suite, machine_info, main, parse_variant, run_bench, summarize  # noqa: F401

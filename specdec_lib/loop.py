@@ -1,0 +1,122 @@
+"""The ONE decoding loop: every speculative method of the library is a *proposer* plugged into it.
+
+    state = LoopState(request)                       # committed = prompt; the target's cache is empty
+    proposer.start(state)                            # tables from the prompt, draft cache, pools
+    repeat until max_new_tokens or EOS:
+        proposal = proposer.propose(state, budget)   # a DraftTree (a chain is one branch; no nodes = a plain
+                                                     # step), optionally q per node, optionally side rows
+        verdict  = verify(target, cache, proposal)   # ONE target forward: tree walk, or the q-based rule
+        commit(cache, ...)                           # the only code that trims the target's cache
+        proposer.observe(state, verdict)             # table update, draft-cache rollback, pool refill
+
+Everything per step that is not the proposer's is written here once: the depth cap (`budget`: the deepest
+draft that can still be emitted, so nothing unemittable is verified), the EOS / max_new_tokens cut of the
+emitted tokens (`Request.trim`, the KV of cut tokens is not kept), the per-step records (tree_size, depth,
+accepted, emitted, full, draft_us, verify_ms, update_us, plus the proposal's `info`), the totals, the debug
+invariant (after every step the cache holds every committed token but the last), and `GenerationResult`.
+The prompt's prefill is the first step's forward (verify.build_forward puts prompt[:-1] before the root,
+causal), so every forward yields tokens: target_forwards == len(accept_lengths), sum == len(new_tokens).
+
+Extension points for the next methods (documented in verify.SideRows / Proposal):
+- Lookahead and FAFO draft inside the target's own forward: their Proposal carries `side` rows (Jacobi or
+  fumble rows with their own visibility, composed from masks.py pieces) whose logits come back in
+  `verdict.side_logits` to `observe`; their KV is dropped by the same commit.
+- CARD's proposer reads, in `propose`, a tree that a concurrent drafter fills, and sends the correction in
+  `observe`; the loop does not care who filled the tree.
+
+Simplifications: batch size 1; the proposer may not touch the target's cache (it gets no handle to it).
+"""
+from __future__ import annotations
+
+import inspect
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from .decoding import GenerationResult, Method, METHODS, Request
+from .mechanisms import kv_cache
+from .mechanisms.draft_tree import DraftTree
+from .mechanisms.verify import Proposal, SideRows, Verdict, commit, verify
+
+__all__ = ["LoopState", "Proposal", "Proposer", "SideRows", "Verdict", "decode", "register_proposer"]
+
+
+@dataclass
+class LoopState:
+    """What a proposer may read: the request and the committed tokens (prompt + output so far)."""
+    request: Request
+    committed: list[int]
+    tokens: list[int] = field(default_factory=list)  # the output so far
+    debug: bool = False
+
+
+class Proposer:
+    """The empty proposer (plain autoregressive steps); methods override what they need.
+
+    Subclasses take their settings in __init__ (validated there, so bad settings fail before any forward)."""
+
+    def start(self, state: LoopState) -> None:
+        """Once, before the first step (the prompt is state.committed)."""
+
+    def propose(self, state: LoopState, budget: int) -> Proposal:
+        """This step's proposal; `budget` is the deepest draft that can still be emitted (deeper nodes are cut)."""
+        return Proposal(DraftTree(state.committed[-1]))
+
+    def observe(self, state: LoopState, verdict: Verdict) -> None:
+        """After the commit: state.committed already ends with verdict.emitted."""
+
+    def stats(self) -> dict:
+        """Method-specific entries of GenerationResult.stats (config, draft forwards, ...)."""
+        return {}
+
+
+def decode(req: Request, proposer: Proposer, debug: bool = False, lazy_head: bool = True) -> GenerationResult:
+    """Run the loop (see the module doc). lazy_head: project only the rows the verdict reads (verify.RowLogits)."""
+    target, cache = req.target, kv_cache.new_cache(req.target)
+    state = LoopState(req, req.input_ids[0].tolist(), debug=debug)
+    proposer.start(state)
+    lengths, steps = [], []
+    while not req.is_done(state.tokens):
+        t0 = time.perf_counter()
+        budget = req.max_new_tokens - len(state.tokens) - 1  # a step emits at most depth + 1 tokens
+        proposal = proposer.propose(state, budget).capped(budget)
+        t1 = time.perf_counter()
+        verdict = verify(target, cache, proposal, state.committed, req.sampling, req.generator, lazy_head)
+        t2 = time.perf_counter()  # the verdict read tokens with .item(): the device is synchronised
+        emitted = req.trim(state.tokens + verdict.tokens + [verdict.next_token])[len(state.tokens):]
+        verdict.emitted = emitted
+        commit(cache, verdict.prefix_len, verdict.accepted[:len(emitted) - 1])  # the last emitted is the next root
+        state.tokens += emitted
+        state.committed += emitted
+        proposer.observe(state, verdict)
+        t3 = time.perf_counter()
+        lengths.append(len(emitted))
+        tree = proposal.tree
+        steps.append(dict(tree_size=len(tree), depth=tree.max_depth, accepted=len(verdict.accepted),
+                          emitted=len(emitted), full=verdict.full, draft_us=(t1 - t0) * 1e6,
+                          verify_ms=(t2 - t1) * 1e3, update_us=(t3 - t2) * 1e6, **proposal.info))
+        if debug:
+            length = kv_cache.cache_length(cache)
+            if length != len(state.committed) - 1 or state.committed[req.prompt_length:] != state.tokens:
+                raise AssertionError(f"after step {len(steps)} the cache holds {length} entries, committed "
+                                     f"{len(state.committed)} tokens (expected {len(state.committed) - 1})")
+    drafted = sum(s["tree_size"] for s in steps)
+    accepted = sum(s["accepted"] for s in steps)
+    stats = dict(steps=steps, drafted=drafted, accepted=accepted,
+                 acceptance_rate=accepted / drafted if drafted else float("nan"),
+                 draft_us_median=statistics.median(s["draft_us"] for s in steps) if steps else float("nan"))
+    stats.update(proposer.stats())
+    return GenerationResult(state.tokens, lengths, len(lengths), stats=stats)
+
+
+def register_proposer(name: str, needs_draft: bool = False):
+    """Class decorator: METHODS[name] runs `decode(request, Cls(**settings), debug, lazy_head)`."""
+    def wrap(cls):
+        def run(req: Request, debug: bool = False, lazy_head: bool = True, **settings) -> GenerationResult:
+            return decode(req, cls(**settings), debug=debug, lazy_head=lazy_head)
+
+        doc = (cls.__doc__ or "").strip().splitlines()
+        options = tuple(p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs"))
+        METHODS[name] = Method(name, run, needs_draft, doc[0] if doc else "", options + ("debug", "lazy_head"))
+        return cls
+    return wrap

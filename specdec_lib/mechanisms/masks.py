@@ -1,0 +1,169 @@
+"""Attention masks as small pure functions (mask_mods), composed per forward and rendered per backend.
+
+Cacheback paper §3.2 (tree attention: one forward verifies every branch); the style is attention-gym's: a
+`mask_mod(b, h, q_idx, kv_idx) -> bool` says whether query row q_idx may see key kv_idx. Pieces compose with
+`and_masks` / `or_masks` / `by_rows`, and one renderer turns a composed mask_mod into what a backend takes.
+
+Index convention of the decoding loop's ONE forward: the cache holds `cached` keys; the forward's own rows
+come next, so row r's key has kv index `cached + r`. The rows are, in order (loop.py, verify.build_forward):
+    pending[:-1]   committed tokens the cache lacks (the prompt on the first step; none afterwards): causal
+    root           the last committed token (row `root_row`)
+    tree nodes     the proposal's DraftTree, insertion order; each sees the prefix, its ancestors and itself
+    side rows      optional extra rows with their own visibility (Lookahead's Jacobi rows, FAFO's fumble rows)
+Positions: pending rows cached.., the root P = len(committed) - 1, a node P + depth, a side row P + its depth.
+
+Pieces (each pure: indexes precomputed tensors, so it works on ints, broadcast index grids, and under vmap):
+- `causal(cached)`: row r sees keys up to its own (kv <= cached + r);
+- `prefix(end)`: keys before `end`;
+- `tree(parents, root_row, cached)`: the root and nodes see keys before the root and their ancestors;
+- `visible(sees, first_row, first_key)`: a block of rows seeing a block of keys through a bool matrix.
+Renderers: `dense` (bool (q, kv), for drawing and checks) and `render` (the backend's format):
+- "sdpa" and "eager": an ADDITIVE float mask (0 = see, finfo(dtype).min = hidden), (1, 1, q, kv). A boolean 4D
+  mask is right under sdpa but SILENTLY WRONG under eager (eager adds the mask to the scores: True adds +1),
+  so no boolean mask is ever handed to a model;
+- "flex_attention": a BlockMask from `create_block_mask` (on CPU for correctness and teaching, not speed);
+- "bool": the boolean mask itself (drawing and checks only).
+
+Simplifications: batch size 1 and one mask for every head; the dense renderer evaluates the whole (q, kv) grid
+(~0.1 ms for a 97-row tree over 500 keys on a CPU, under 1% of that forward).
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from .draft_tree import DraftTree
+
+MaskMod = Callable  # (b, h, q_idx, kv_idx) -> bool tensor
+
+
+def ancestor_matrix(parents) -> torch.Tensor:
+    """Bool (q, q), q = 1 + len(parents): [r, c] is True when row c is an ancestor of row r or r itself.
+
+    Row/column 0 is the root (an ancestor of every node); node i is row i + 1."""
+    q = len(parents) + 1
+    anc = np.zeros((q, q), dtype=bool)
+    anc[0, 0] = True
+    for i, p in enumerate(parents):  # parents precede children, so the parent's row is complete
+        anc[i + 1] = anc[p + 1]
+        anc[i + 1, i + 1] = True
+    return torch.from_numpy(anc)
+
+
+def causal(cached: int = 0) -> MaskMod:
+    """Row r sees every key up to its own (kv index cached + r): plain decoding, and the prompt's prefill."""
+    def mask_mod(b, h, q_idx, kv_idx):
+        return torch.as_tensor(kv_idx) <= torch.as_tensor(q_idx) + cached
+    return mask_mod
+
+
+def prefix(end: int) -> MaskMod:
+    """Every row sees the keys before `end` (the committed text)."""
+    def mask_mod(b, h, q_idx, kv_idx):
+        return torch.as_tensor(kv_idx) < end
+    return mask_mod
+
+
+def visible(sees: torch.Tensor, first_row: int, first_key: int, device=None) -> MaskMod:
+    """Rows first_row.. see keys first_key.. where sees[row - first_row, key - first_key] (a bool (R, K) matrix);
+    keys outside the block are not seen. `device`: where the index tensors will live (the matrix moves there)."""
+    rows, keys = sees.shape
+    sees = sees.to(device) if device is not None else sees
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        q_idx, kv_idx = torch.as_tensor(q_idx), torch.as_tensor(kv_idx)
+        row = (q_idx - first_row).clamp(0, rows - 1)
+        col = (kv_idx - first_key).clamp(0, keys - 1)  # clamped: ignored outside the block
+        inside = (kv_idx >= first_key) & (kv_idx < first_key + keys)
+        return inside & sees[row, col]
+    return mask_mod
+
+
+def tree(parents: Sequence[int], root_row: int = 0, cached: int = 0, device=None) -> MaskMod:
+    """The root (row root_row) and the tree nodes after it see every key before the root's and their ancestors."""
+    root_key = cached + root_row
+    return or_masks(prefix(root_key), visible(ancestor_matrix(parents), root_row, root_key, device))
+
+
+def and_masks(*mods: MaskMod) -> MaskMod:
+    def mask_mod(b, h, q_idx, kv_idx):
+        out = mods[0](b, h, q_idx, kv_idx)
+        for mod in mods[1:]:
+            out = out & mod(b, h, q_idx, kv_idx)
+        return out
+    return mask_mod
+
+
+def or_masks(*mods: MaskMod) -> MaskMod:
+    def mask_mod(b, h, q_idx, kv_idx):
+        out = mods[0](b, h, q_idx, kv_idx)
+        for mod in mods[1:]:
+            out = out | mod(b, h, q_idx, kv_idx)
+        return out
+    return mask_mod
+
+
+def by_rows(segments: Sequence[tuple[int, MaskMod]]) -> MaskMod:
+    """One mask_mod from row segments [(first_row, mod), ...] (first rows increasing, the first one 0)."""
+    def mask_mod(b, h, q_idx, kv_idx):
+        q_idx = torch.as_tensor(q_idx)
+        out = segments[0][1](b, h, q_idx, kv_idx)
+        for start, mod in segments[1:]:
+            out = torch.where(q_idx >= start, mod(b, h, q_idx, kv_idx), out)
+        return out
+    return mask_mod
+
+
+def dense(mask_mod: MaskMod, q_len: int, kv_len: int, device=None) -> torch.Tensor:
+    """The mask as a bool (q_len, kv_len) tensor: the mask_mod evaluated on the whole index grid."""
+    q_idx = torch.arange(q_len, device=device)[:, None]  # (q, 1)
+    kv_idx = torch.arange(kv_len, device=device)[None, :]  # (1, kv)
+    return torch.broadcast_to(mask_mod(0, 0, q_idx, kv_idx), (q_len, kv_len)).to(device)
+
+
+def render(mask_mod: MaskMod, q_len: int, kv_len: int, backend: str = "sdpa", dtype=torch.float32, device=None):
+    """The attention_mask a model with `backend` takes for this mask_mod; see the module doc for the formats."""
+    if backend == "flex_attention":
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        return create_block_mask(mask_mod, 1, None, q_len, kv_len, device=device or "cpu")
+    if backend not in ("sdpa", "eager", "bool"):
+        raise ValueError(f"unknown attention backend {backend!r}: use 'sdpa', 'eager', 'flex_attention' "
+                         f"or 'bool' (drawing only)")
+    seen = dense(mask_mod, q_len, kv_len, device)  # (q, kv)
+    if backend == "bool":
+        return seen[None, None]
+    if not dtype.is_floating_point:
+        raise ValueError(f"an additive mask needs the model's float dtype, got {dtype}")
+    mask = torch.zeros(q_len, kv_len, dtype=dtype, device=device)
+    return mask.masked_fill_(~seen, torch.finfo(dtype).min)[None, None]  # (1, 1, q, kv)
+
+
+# ---- the tree forward of notebooks 02-04 (root + nodes against a cache of prefix_len tokens) ----------
+
+def dense_tree_mask(tree_: DraftTree) -> torch.Tensor:
+    """The tree part of the mask, bool (q, q) with the root first: what a figure draws."""
+    return ancestor_matrix(tree_.parents)
+
+
+def tree_inputs(tree_: DraftTree, prefix_len: int, device=None):
+    """(input_ids (1, q), position_ids (1, q), node_order) for one tree forward; q = 1 + len(tree).
+
+    node_order[r] is the tree node held by row r (-1 for the root row): rows follow insertion order."""
+    ids = torch.tensor([[tree_.root, *tree_.tokens]], dtype=torch.long, device=device)  # (1, q)
+    pos = torch.tensor([[0, *tree_.depths]], dtype=torch.long, device=device) + prefix_len  # (1, q)
+    return ids, pos, [-1, *range(len(tree_))]
+
+
+def tree_mask_mod(parents, prefix_len: int = 0, device=None) -> MaskMod:
+    """The mask_mod of a tree forward behind `prefix_len` cached tokens (row 0 = the root)."""
+    return tree(parents, root_row=0, cached=prefix_len, device=device)
+
+
+def tree_attention_mask(tree_: DraftTree, prefix_len: int, dtype=torch.float32, backend: str = "sdpa",
+                        device=None):
+    """The attention_mask of a tree forward, (1, 1, q, prefix_len + q) or a BlockMask; q = 1 + len(tree)."""
+    q = len(tree_) + 1
+    return render(tree_mask_mod(tree_.parents, prefix_len, device), q, prefix_len + q, backend, dtype, device)

@@ -1,0 +1,281 @@
+"""Verifying a proposal in ONE target forward, and committing the result to the target's KV cache.
+
+Cacheback paper §3.2 (tree attention: "validate all branches of the tree in parallel as one input"), and the
+speculative-sampling rule of Leviathan et al. 2023 (Appendix A.1) / Chen et al. 2023 for drafts that come with
+their draft distribution q. Notation (package docstring): p = target, q = draft, both warped (sampling.probs).
+
+State between steps: `committed` = prompt + output; the target's cache holds every committed token but the
+last (the *root*), except on the first step, when it is empty. One step:
+1. `build_forward`: rows = the committed tokens the cache lacks (prompt[:-1] on step 1, causal: the prefill folds
+   into the first verification) + root + tree nodes (+ side rows), positions and ONE mask composed from
+   masks.py's pieces. A plain step (no nodes, no side rows) is a causal forward: no mask at all.
+2. the forward (`run_forward`) keeps the rows of root, nodes and side rows; with `lazy` (models whose logits
+   are exactly lm_head(hidden): PLAIN_HEAD_MODELS) it returns `RowLogits`, projecting a row through the LM
+   head only when read: the walk reads 1 + k of the 1 + n rows.
+3. the verdict:
+   - no q (deterministic drafts: tables, prompt lookup, or greedy): `walk_tree`. From the root pick the
+     target's token for the current row (argmax, or one seeded draw from the warped p); if a child carries it,
+     accept and go on, else it is the next token. Siblings may repeat a token (followers of one leader share
+     prefixes), so the walk follows the SET of nodes spelling the accepted tokens and commits the first node
+     of the deepest set. One draw per emitted token from p given exactly the tokens before it, as
+     autoregressive sampling: for drafts that are a deterministic function of the history, lossless.
+   - q given (a chain drawn from the draft, sampling): `speculative_chain`: accept x_i with probability
+     min(1, p_i(x_i) / q_i(x_i)); at the first rejection draw from norm(max(p_i - q_i, 0)); after a full
+     acceptance draw the bonus from p_{g+1}. Exactly p for every emitted token.
+4. `commit(cache, prefix_len, kept)`: keep prefix + root + the kept accepted nodes' KV in path order
+   (kv_cache.compact): each node's key was rotated at its final position, so nothing is re-fed or re-rotated.
+   Side rows and rejected nodes are dropped by the same call. This is the only code that shrinks the target's
+   cache after a forward (loop.py calls it once per step).
+
+Simplifications: batch size 1; full-attention caches; q-based verification takes a chain only (a sampled
+multi-branch tree would need recursive rejection sampling, SpecInfer-style); side rows see the committed text
+(optionally filtered) and each other, never the tree nodes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
+
+import torch
+
+from . import kv_cache
+from . import masks
+from .draft_tree import ROOT, DraftTree
+from ..sampling import SamplingConfig, pick_token, probs, sample
+
+
+@dataclass
+class SideRows:
+    """Extra query rows that ride the verifying forward without being verified (the extension point for
+    Lookahead's Jacobi rows and FAFO's fumble rows); their logits come back in `Verdict.side_logits`.
+
+    tokens[i] sits at position root + depths[i]; it sees the committed text (only the keys where
+    `prefix_mod(kv_idx)` is True, when given: e.g. a compressed KV) and side row j where sees[i, j]."""
+    tokens: list[int]
+    depths: list[int]
+    sees: torch.Tensor  # bool (S, S), the diagonal included
+    prefix_mod: Callable | None = None  # kv_idx -> bool over committed keys; None: all of them
+
+    def __post_init__(self):
+        if not (len(self.tokens) == len(self.depths) == self.sees.shape[0] == self.sees.shape[1]):
+            raise ValueError("side rows need as many depths and a square `sees` matrix as tokens")
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def mask_mod(self, first_row: int, cached: int, root_key: int, device=None) -> masks.MaskMod:
+        committed = masks.prefix(root_key + 1)  # the committed text, the root included
+        if self.prefix_mod is not None:
+            committed = masks.and_masks(committed, lambda b, h, q_idx, kv_idx: self.prefix_mod(kv_idx))
+        return masks.or_masks(committed, masks.visible(self.sees, first_row, cached + first_row, device))
+
+
+@dataclass
+class Proposal:
+    """What a proposer hands the loop each step: a DraftTree (root = the last committed token; a chain is a tree
+    with one branch; no nodes = a plain step), optionally the draft's q per node (q[i]: the distribution node i
+    was drawn from; a chain only), optional side rows, and per-step extras for the step records."""
+    tree: DraftTree
+    q: torch.Tensor | None = None  # (n, V)
+    side: SideRows | None = None
+    info: dict = field(default_factory=dict)
+
+    def capped(self, max_depth: int) -> "Proposal":
+        """The proposal without nodes deeper than max_depth (what can still be emitted); topology kept."""
+        tree = self.tree
+        if tree.max_depth <= max_depth:
+            return self
+        keep = [i for i, d in enumerate(tree.depths) if d <= max_depth]
+        new = {old: n for n, old in enumerate(keep)}
+        capped = DraftTree(tree.root, [tree.tokens[i] for i in keep], [new.get(tree.parents[i], ROOT) for i in keep])
+        q = self.q[keep] if self.q is not None else None
+        return Proposal(capped, q, self.side, self.info)
+
+
+@dataclass
+class Verdict:
+    """The outcome of one verification; `emitted` is set by the loop after the EOS / max_new_tokens cut."""
+    proposal: Proposal
+    accepted: list[int]  # accepted node indices, root-to-leaf order (may be empty)
+    tokens: list[int]  # their tokens
+    next_token: int  # the target's own token after them: a bonus (full) or a correction
+    full: bool  # True when every drafted token on the path was accepted (the walk ran off a leaf)
+    prefix_len: int  # cache entries before the root's (the root's kv index)
+    logits: object  # rows of root + nodes: (1 + n, V) tensor or RowLogits
+    side_logits: torch.Tensor | None = None  # (S, V)
+    emitted: list[int] = field(default_factory=list)
+
+
+def attention_backend(model) -> str:
+    return getattr(model.config, "_attn_implementation", None) or "sdpa"
+
+
+# Model types whose causal-LM head is exactly `lm_head(final hidden state)` (no soft-capping or logit
+# scale): for them the walk may compute only the rows it reads (RowLogits).
+PLAIN_HEAD_MODELS = {"llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2"}
+
+
+class RowLogits:
+    """Logits of a forward computed row by row on demand: `rows[r]` -> (V,), cached; `full()` -> (q, V).
+
+    The walk reads 1 + k of q rows, so projecting all q hidden states through the LM head (q x hidden x V
+    multiply-adds: a sixth of the tiny target's work per row) is mostly wasted on a CPU."""
+
+    def __init__(self, hidden: torch.Tensor, head):
+        self.hidden, self.head, self._rows = hidden, head, {}  # hidden (q, H)
+        self.shape = (hidden.shape[0], head.out_features)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, row: int) -> torch.Tensor:
+        if row not in self._rows:
+            self._rows[row] = self.head(self.hidden[row])  # (V,)
+        return self._rows[row]
+
+    def full(self) -> torch.Tensor:
+        return self.head(self.hidden)  # (q, V)
+
+
+def lazy_head_ok(target) -> bool:
+    """True when logits are lm_head(hidden) for this model, so RowLogits gives exactly its logits."""
+    return (getattr(target.config, "model_type", None) in PLAIN_HEAD_MODELS
+            and isinstance(target.get_output_embeddings(), torch.nn.Linear) and hasattr(target, "model"))
+
+
+def build_forward(proposal: Proposal, pending: list[int], cached: int, backend: str = "sdpa",
+                  dtype=torch.float32, device=None) -> tuple[dict, int]:
+    """(model inputs, rows to keep) of the forward verifying `proposal` after `cached` cache entries."""
+    tree, side = proposal.tree, proposal.side
+    m, n, s = len(pending), len(tree), len(side) if side is not None else 0
+    root_row, root_pos = m - 1, cached + m - 1
+    ids = pending + tree.tokens + (side.tokens if s else [])
+    pos = list(range(cached, cached + m)) + [root_pos + d for d in tree.depths] + \
+        ([root_pos + d for d in side.depths] if s else [])
+    inputs = dict(input_ids=torch.tensor([ids], dtype=torch.long, device=device),  # (1, m + n + s)
+                  position_ids=torch.tensor([pos], dtype=torch.long, device=device))
+    if n or s:  # else: a plain causal forward, the mask transformers builds by itself
+        segments = [(0, masks.causal(cached))] if m > 1 else []
+        segments.append((root_row, masks.tree(tree.parents, root_row, cached, device)))
+        if s:
+            segments.append((m + n, side.mask_mod(m + n, cached, root_pos, device)))
+        inputs["attention_mask"] = masks.render(masks.by_rows(segments), m + n + s, cached + m + n + s, backend,
+                                                dtype, device)
+    return inputs, 1 + n + s
+
+
+def run_forward(target, cache, inputs: dict, keep: int, lazy: bool = True):
+    """The target's last `keep` rows: RowLogits when lazy (and lazy_head_ok), else logits (keep, V)."""
+    if lazy and lazy_head_ok(target):
+        hidden = target.model(**inputs, past_key_values=cache, use_cache=True).last_hidden_state[0, -keep:]
+        return RowLogits(hidden, target.get_output_embeddings())  # hidden (keep, H), after the final norm
+    return target(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=keep).logits[0]  # (keep, V)
+
+
+def walk_tree(tree: DraftTree, logits, sampling: SamplingConfig = SamplingConfig(),
+              generator: torch.Generator | None = None) -> tuple[list[int], list[int], int]:
+    """(accepted node indices, their tokens, next token) from a tree's rows (1 + n, V); see the module doc."""
+    nodes = [ROOT]  # every node whose path spells the tokens accepted so far
+    while True:
+        token = pick_token(logits[nodes[0] + 1], sampling, generator)  # row i + 1 holds node i's logits
+        matching = [c for node in nodes for c in tree.children(node) if tree.tokens[c] == token]
+        if not matching:
+            accepted = tree.path_to(nodes[0])  # a real root-to-node chain (empty at the root)
+            return accepted, [tree.tokens[i] for i in accepted], token
+        nodes = matching
+
+
+def accept_probability(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """min(1, p(x) / q(x)) per drafted token, shape (g,). q(x) > 0: x was drawn from q."""
+    return (p_x / q_x).clamp(max=1.0)
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(p - q, 0)), shape (V,): where a rejected position draws from. All zero only if p == q
+    (then nothing is ever rejected, up to rounding): fall back to p."""
+    r = (p - q).clamp(min=0.0)
+    total = r.sum()
+    return r / total if total > 0 else p
+
+
+def speculative_chain(p: torch.Tensor, q: torch.Tensor, drafts: list[int], generator) -> tuple[int, int]:
+    """The speculative sampling rule. p: (g + 1, V) target rows, q: (g, V) draft rows, g drafts.
+
+    Returns (k accepted drafts, the next token): from the residual at row k if x_{k+1} was rejected, else the
+    bonus from p[g]. One uniform per draft is drawn up front from `generator` (seeded: reproducible)."""
+    g = len(drafts)
+    if g:
+        x = torch.tensor(drafts, device=p.device)[:, None]  # (g, 1)
+        # the rule is looked up at call time, so tests can swap in a wrong one (the negative control)
+        ratio = accept_probability(p[:g].gather(1, x)[:, 0], q.gather(1, x)[:, 0])  # (g,)
+        u = torch.rand(g, generator=generator, device=p.device, dtype=ratio.dtype)
+        rejected = (u >= ratio).tolist()
+        if True in rejected:
+            k = rejected.index(True)
+            return k, sample(residual(p[k], q[k]), generator)
+    return g, sample(p[g], generator)
+
+
+def verify(target, cache, proposal: Proposal, committed: list[int], sampling: SamplingConfig = SamplingConfig(),
+           generator: torch.Generator | None = None, lazy: bool = True) -> Verdict:
+    """ONE target forward of the proposal after what the cache holds, and the verdict (the cache then holds the
+    forward's rows too: `commit` keeps the accepted ones)."""
+    tree, cached = proposal.tree, kv_cache.cache_length(cache)
+    pending = committed[cached:]
+    if not pending or pending[-1] != tree.root:
+        raise ValueError(f"the cache holds {cached} of {len(committed)} committed tokens, and the tree's root "
+                         f"must be the last committed token (the cache must not hold it yet)")
+    if proposal.q is not None and len(tree.leaves()) > 1:
+        raise ValueError("q-based verification takes a chain (one branch); a sampled tree needs another rule")
+    param = next(target.parameters())
+    inputs, keep = build_forward(proposal, pending, cached, attention_backend(target), param.dtype, param.device)
+    rows = run_forward(target, cache, inputs, keep, lazy)
+    n, side_logits = len(tree), None
+    if proposal.side is not None and len(proposal.side):
+        side_logits = rows.head(rows.hidden[n + 1:]) if isinstance(rows, RowLogits) else rows[n + 1:]  # (S, V)
+    if proposal.q is not None and not sampling.greedy:
+        p = probs(rows.full()[:n + 1] if isinstance(rows, RowLogits) else rows[:n + 1], sampling)  # (n + 1, V)
+        k, token = speculative_chain(p, proposal.q, tree.tokens, generator)
+        accepted, full = list(range(k)), k == n
+    else:
+        accepted, _, token = walk_tree(tree, rows, sampling, generator)
+        full = not tree.children(accepted[-1] if accepted else ROOT)
+    return Verdict(proposal, accepted, [tree.tokens[i] for i in accepted], token, full, len(committed) - 1, rows,
+                   side_logits)
+
+
+def commit(cache, prefix_len: int, kept: list[int]) -> None:
+    """Keep prefix + root + the `kept` nodes (root-to-leaf; node i sat at offset i + 1 after the root)."""
+    kv_cache.compact(cache, prefix_len, [0] + [i + 1 for i in kept])
+
+
+# ---- one tree step by hand (notebooks 02-04 teach with these) ------------------------------------------
+
+def tree_logits(target, cache, tree: DraftTree, prefix_len: int, lazy: bool = False):
+    """One forward of root + tree against a cache holding exactly `prefix_len` tokens; rows (1 + n, V).
+
+    The cache grows by 1 + n entries (row order); `commit` then keeps the accepted ones."""
+    if kv_cache.cache_length(cache) != prefix_len:
+        raise ValueError(f"the cache holds {kv_cache.cache_length(cache)} tokens, expected prefix_len="
+                         f"{prefix_len} (the root must not be in the cache yet)")
+    param = next(target.parameters())
+    inputs, keep = build_forward(Proposal(tree), [tree.root], prefix_len, attention_backend(target), param.dtype,
+                                 param.device)
+    return run_forward(target, cache, inputs, keep, lazy)
+
+
+class TreeVerdict(NamedTuple):
+    accepted: list[int]  # accepted node indices, root-to-leaf order (may be empty)
+    tokens: list[int]  # their tokens
+    bonus: int  # the target's token after the accepted path (the next root)
+    logits: object  # (1 + n, V): row 0 = root, row i + 1 = node i (a RowLogits when lazy)
+
+
+def verify_tree(target, cache, tree: DraftTree, prefix_len: int, sampling: SamplingConfig = SamplingConfig(),
+                generator: torch.Generator | None = None, compact: bool = True, lazy: bool = False) -> TreeVerdict:
+    """One tree forward, the walk, and (compact=True) the commit, by hand."""
+    rows = tree_logits(target, cache, tree, prefix_len, lazy)
+    accepted, tokens, token = walk_tree(tree, rows, sampling, generator)
+    if compact:
+        commit(cache, prefix_len, accepted)
+    return TreeVerdict(accepted, tokens, token, rows)

@@ -1,0 +1,98 @@
+"""Cacheback decoding end to end: LRU n-gram tables -> draft tree -> one tree forward -> KV compaction.
+
+Paper: Ma, Gim, Zhong, "Cacheback: Speculative Decoding With Nothing But Cache" (seed file
+cacheback-lru-ngram-drafting.txt): §3.1 the LRU table (ngram_table.NgramTable), §3.2 breadth-first tree
+growth under TDL/CRT (draft_tree.grow_tree), one-forward tree verification and the sliding-window table
+update after every step, §3.3 the dual tables (dynamic first, then the frozen corpus table; the dynamic one
+cleared per generation and seeded with the prompt). Defaults are the paper's (§4): LL=1, FL=3, LC=2^20,
+FC=128, TDL=96, CRT=16.
+
+One step, committed = prompt + output so far, the cache holding all of it but the last token (the root):
+    draft:   tree = grow_tree(committed[-LL:], [dynamic, frozen], TDL, CRT, refed=1, merge)
+    verify:  ONE target forward of root + tree (the loop's verify), walk it (greedy, or one seeded draw per
+             emitted token: exactly lossless, since the drafts are a deterministic function of the history)
+    commit:  keep the accepted path's KV entries in place (kv_cache.compact): nothing is re-fed, so TDL
+             only pays for the root (refed=1; the reference crops and re-feeds every accepted token)
+    update:  dynamic.update_new over the newly emitted tokens (bonus included)
+
+This module is the proposer (tables -> `propose` a tree, `observe` -> table update); verification, commit,
+prefill (folded into the first forward, for every attention backend) and the per-step records are the one
+loop's (loop.py).
+
+Frozen tables: frozen=True takes the shipped one for (LL, FL), or one counted earlier for this tokenizer;
+frozen="build" counts it now from the standard-library corpus (tools.frozen_tables.ensure_frozen_table,
+cached on disk); a path or a table is used as given. dynamic=False drafts from the frozen table alone (Table 1).
+The verifying forward projects only the tree rows the walk reads through the LM head (lazy_head=True,
+verify.RowLogits): on a CPU that is a sixth of the tiny target's work per row.
+
+Simplifications: batch size 1; the vocabulary check without a tokenizer compares sizes only (pass
+tokenizer= for the hash check); the loop cuts the last steps' trees to the depth that can still be
+emitted (max_new_tokens), and EOS inside an accepted run cuts the output (Request.trim) and the cache.
+"""
+from __future__ import annotations
+
+from ..checks import check_int
+from ..loop import LoopState, Proposal, Proposer, register_proposer
+from ..mechanisms.draft_tree import grow_tree
+from ..mechanisms.ngram_table import NgramTable
+from ..tools.frozen_tables import resolve_frozen
+
+
+@register_proposer("cacheback")
+class Cacheback(Proposer):
+    """Cacheback decoding (LRU n-gram tables, draft tree, one-forward tree verification, KV compaction).
+
+    merge: trie merging of equal sibling chains. frozen: True (the shipped or cached table, else dynamic only,
+    warned once), False, "build" (count one from the corpus now, cached; needs tokenizer=), a path or a table.
+    dynamic=False: the frozen table alone (Table 1's "only frozen"; then a frozen table is required).
+    tokenizer: checks (and, with frozen="build", counts) the frozen table with the target's tokenizer."""
+
+    def __init__(self, ll: int = 1, fl: int = 3, lc: int = 2**20, fc: int = 128, tdl: int = 96, crt: int = 16,
+                 merge: bool = False, frozen=True, dynamic: bool = True, tokenizer=None):
+        ll, fl, lc, fc, tdl = (check_int(name, value, 1) for name, value in
+                               dict(ll=ll, fl=fl, lc=lc, fc=fc, tdl=tdl).items())
+        crt = check_int("crt", crt)
+        if tdl < 2 or not 0 <= crt <= tdl - 2:
+            raise ValueError(f"need tdl >= 2 and 0 <= crt <= tdl - 2 (TDL counts the re-fed root, so TDL - 1 "
+                             f"draft slots, and CRT of them are kept from level 0, which needs one), got tdl={tdl}, "
+                             f"crt={crt}")
+        for name, value in dict(merge=merge, dynamic=dynamic).items():
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be True or False, got {value!r}")
+        if not dynamic and frozen is False:
+            raise ValueError("dynamic=False and frozen=False leave no table to draft from")
+        if isinstance(frozen, str) and frozen == "build" and tokenizer is None:
+            raise ValueError('frozen="build" needs tokenizer= (the table is counted from text with it)')
+        self.config = dict(ll=ll, fl=fl, lc=lc, fc=fc, tdl=tdl, crt=crt, merge=merge, dynamic=dynamic)
+        self.frozen_spec, self.tokenizer = frozen, tokenizer
+
+    def start(self, state: LoopState) -> None:
+        c = self.config
+        frozen = resolve_frozen(self.frozen_spec, state.request.target, c["ll"], c["fl"], c["lc"], c["fc"],
+                                self.tokenizer)
+        if not c["dynamic"] and frozen is None:
+            raise ValueError(f"dynamic=False needs a frozen table, and none was found for LL={c['ll']}, "
+                             f"FL={c['fl']}: pass frozen=\"build\" with tokenizer=, or a table")
+        self.frozen, self.dynamic = frozen, None
+        self.tables = [] if frozen is None else [frozen]
+        if c["dynamic"]:  # a fresh table per generation, seeded with the prompt (§3.3), queried first
+            self.dynamic = NgramTable(c["ll"], c["fl"], c["lc"], c["fc"])
+            self.dynamic.update(state.committed)
+            self.tables.insert(0, self.dynamic)
+        self.tail = max(t.leader_len for t in self.tables)  # grow_tree reads at most this many context tokens
+        self.window = c["ll"] + c["fl"] - 1
+
+    def propose(self, state: LoopState, budget: int) -> Proposal:
+        c = self.config
+        return Proposal(grow_tree(state.committed[-self.tail:], self.tables, c["tdl"], c["crt"], refed=1,
+                                  merge=c["merge"]))
+
+    def observe(self, state: LoopState, verdict) -> None:
+        if self.dynamic is not None:  # the windows completed by the new tokens (§3.2, Figure 2)
+            n_new = len(verdict.emitted)
+            self.dynamic.update_new(state.committed[-(n_new + self.window):], n_new)
+
+    def stats(self) -> dict:
+        return dict(config=dict(self.config),
+                    frozen=None if self.frozen is None else (self.frozen.meta.get("path") or "in memory"),
+                    dynamic_leaders=len(self.dynamic) if self.dynamic is not None else 0)

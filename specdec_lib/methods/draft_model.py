@@ -1,0 +1,94 @@
+"""Draft-model speculative decoding: a small draft proposes gamma tokens, the target checks them in one forward.
+
+Leviathan, Kalman & Matias 2023 ("Fast Inference from Transformers via Speculative Decoding") and Chen et al.
+2023 ("Accelerating Large Language Model Decoding with Speculative Sampling"). The KV-cache handling follows
+the four scenarios of Clay's note "Implementation Notes on Integrating Speculative Decoding with KV Cache":
+
+1. first step: both caches are empty. The draft prefills the prompt as its first draft forward, and the
+   target's first forward is prompt + drafts: prefill and first verification are one forward (as in HF's
+   assisted generation), so accept_lengths[0] counts the accepted drafts + 1.
+2. k < gamma drafts accepted: both caches are rolled back to the committed tokens minus the last one (the
+   target's own token, which nobody has fed yet); next step each model's input starts with that one token.
+3. all gamma accepted: the draft never fed its last draft, so it is two tokens behind: its next input is
+   [last draft, bonus token] (the target's is still one token).
+4. EOS inside the accepted run, or max_new_tokens reached: the step's tokens are cut by `Request.trim`.
+   No step drafts more than can be emitted: gamma_eff = min(gamma, remaining - 1), since the step adds
+   gamma_eff + 1 tokens at most.
+
+Notation (package docstring): p target, q draft, both warped by temperature/top-k/top-p (sampling.probs).
+One step, committed = prompt + output so far, g = gamma_eff:
+    draft:  feed committed[d:] (1 or 2 tokens; the prompt on step 1), then its own drafts one at a time:
+            x_1..x_g, x_i = argmax q_i or x_i ~ q_i                       (g draft forwards)
+    target: ONE forward of committed[t:] + [x_1..x_g]; its last g + 1 rows are p_1..p_{g+1}
+    verify: greedy: accept x_i while x_i == argmax p_i, then add argmax p_{k+1};
+            sampling: accept x_i with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection draw
+            from norm(max(p_i - q_i, 0)); when all g are accepted draw the bonus from p_{g+1}.
+    commit: the loop compacts the target's cache; `observe` rolls the draft's back (`TrackedCache.commit`).
+The draft and the verdict are the proposer's and verify.py's: this module is `propose` (draft g tokens, with
+q when sampling) and `observe` (draft-cache rollback, the adaptive schedule). The target's side (one forward,
+greedy walk or the speculative-sampling rule verify.speculative_chain, the commit) is the one loop's. The rule
+emits every token with probability exactly p (Leviathan et al., Appendix A.1): the contract test checks it
+against an exact enumeration, with a negative control.
+
+Simplifications: batch size 1; draft and target on one device and sharing a tokenizer; no confidence-based
+early stop of drafting (HF's assistant_confidence_threshold); the draft stops drafting at EOS (nothing
+after it can be emitted); the adaptive schedule is HF's "heuristic" one.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..checks import check_int
+from ..loop import LoopState, Proposal, Proposer, register_proposer
+from ..mechanisms.draft_tree import DraftTree
+from ..mechanisms.kv_cache import TrackedCache
+from ..sampling import probs, sample
+
+
+@register_proposer("draft_model", needs_draft=True)
+class DraftModel(Proposer):
+    """Draft-model speculative decoding (chain of gamma drafts, one-forward verification, cache rollback)."""
+
+    def __init__(self, gamma: int = 4, adaptive: bool = False):
+        self.gamma = check_int("gamma", gamma, 1)
+        if not isinstance(adaptive, bool):
+            raise TypeError(f"adaptive must be True or False, got {adaptive!r}")
+        self.adaptive = adaptive
+
+    def start(self, state: LoopState) -> None:
+        self.draft = TrackedCache(state.request.draft)
+        self.sampling, self.generator = state.request.sampling, state.request.generator
+        self.eos = state.request.eos_token_id
+        self.gammas: list[int] = []
+        self.draft_forwards = 0
+
+    def propose(self, state: LoopState, budget: int) -> Proposal:
+        g = min(self.gamma, budget)  # the step adds g + 1 tokens at most
+        self.gammas.append(g)
+        drafts, q_rows = [], []
+        feed = state.committed[len(self.draft.tokens):]  # 1 token, 2 after a full acceptance, the prompt on step 1
+        for _ in range(g):
+            logits = self.draft.feed(feed)[-1]  # (V,)
+            self.draft_forwards += 1
+            if self.sampling.greedy:
+                x = int(logits.argmax())
+            else:
+                q_rows.append(probs(logits, self.sampling))  # q_i, (V,)
+                x = sample(q_rows[-1], self.generator)
+            drafts.append(x)
+            feed = [x]
+            if x == self.eos:  # nothing after an EOS can be emitted
+                break
+        q = torch.stack(q_rows) if q_rows else None  # (g, V)
+        return Proposal(DraftTree.chain(state.committed[-1], drafts), q=q, info=dict(gamma=g))
+
+    def observe(self, state: LoopState, verdict) -> None:
+        self.draft.commit(state.committed)
+        if state.debug:
+            self.draft.check(state.committed, "draft")
+        drafted = len(verdict.proposal.tree)
+        if self.adaptive and drafted:  # HF's "heuristic" schedule
+            self.gamma = self.gamma + 2 if len(verdict.accepted) == drafted else max(1, self.gamma - 1)
+
+    def stats(self) -> dict:
+        return dict(draft_forwards=self.draft_forwards, gammas=self.gammas)

@@ -1,0 +1,39 @@
+"""Figures and explorers for the workbook, one module per subject; nothing here decodes.
+
+Every figure function takes results (a table, a `DraftTree`, a mask, per-step records, a data frame) and returns
+a plotly `go.Figure`; explorers return an ipywidgets box with `.update()`/`.run()` and `.state`; nothing calls
+`show()`. Notebooks compute with the library, then draw with these. plotly and ipywidgets are imported in this
+package only, so the rest of `specdec_lib` imports without them.
+
+- `common`: what the modules share: `token_text`, the colour code, `pick_column`, `render` (explorer redraw).
+- `tables`: n-gram tables, leaders and followers in recency order (`table_figure`, `table_explorer`).
+- `trees`: draft trees by depth and breadth, the accepted path (`tree_layout`, `tree_figure`, `tree_explorer`).
+- `masks`: attention masks as heatmaps (`mask_figure`, `mask_labels`).
+- `caches`: a chain method's two KV caches step by step (`cache_steps`, `cache_timeline_figure`,
+  `rollback_explorer`).
+- `acceptance`: what the target accepted, per step and per token, and the output distribution
+  (`acceptance_figure`, `steps_figure`, `draft_time_figure`, `token_kinds`, `acceptance_html`,
+  `distribution_figure`).
+- `costs`: forward costs and expected speedups (`cost_curve_figure`, `speedup_surface_figure`,
+  `speedup_explorer`, `cost_figure`).
+- `bench`: benchmarks and ablations (`bench_figure`, `gamma_sweep_figure`, `table1_figure`, `heatmap_figure`,
+  `sweep_figure`, `ablation_explorer`).
+
+The public functions are re-exported here: `from specdec_lib import viz; viz.tree_figure(...)`.
+"""
+from .common import token_text
+from .tables import table_explorer, table_figure
+from .trees import tree_explorer, tree_figure, tree_layout
+from .masks import mask_figure, mask_labels
+from .caches import CacheStep, cache_steps, cache_timeline_figure, rollback_explorer
+from .acceptance import (acceptance_figure, acceptance_html, distribution_figure, draft_time_figure,
+                         result_acceptance_html, steps_figure, token_kinds)
+from .costs import cost_curve_figure, cost_figure, speedup_explorer, speedup_surface_figure
+from .bench import ablation_explorer, bench_figure, gamma_sweep_figure, heatmap_figure, sweep_figure, table1_figure
+
+__all__ = ["CacheStep", "ablation_explorer", "acceptance_figure", "acceptance_html", "bench_figure", "cache_steps",
+           "cache_timeline_figure", "cost_curve_figure", "cost_figure", "distribution_figure", "draft_time_figure",
+           "gamma_sweep_figure", "heatmap_figure", "mask_figure", "mask_labels", "result_acceptance_html",
+           "rollback_explorer", "speedup_explorer", "speedup_surface_figure", "steps_figure", "sweep_figure",
+           "table1_figure", "table_explorer", "table_figure", "token_kinds", "token_text", "tree_explorer",
+           "tree_figure", "tree_layout"]

@@ -1,0 +1,212 @@
+"""How many draft tokens the target accepted, and what the accepted tokens are (notebooks 00, 03 and 04).
+
+Per step and per token, from a `GenerationResult` and its per-step records (`result.stats["steps"]`: the same
+dict for every method, with `tree_size`, `accepted`, `emitted`, `full`, `draft_us`, ...):
+
+- `acceptance_figure(result)`: tokens gained by each target forward (bonus included), MAT as a line.
+- `steps_figure(result)`: per step, the draft size verified (bars) and the tokens gained (markers).
+- `draft_time_figure({name: result})`: the distribution of per-step drafting time, µs, one box per run.
+- `token_kinds(result)`: (step, kind) of every new token: an accepted draft, a bonus or a correction.
+- `acceptance_html(tokens_text, step_ids, kinds)`, `result_acceptance_html(result, decode)`: the generated
+  text as HTML (for `IPython.display.HTML`), each token on its step's colour, the target's own token of each
+  step bold and underlined (solid for a bonus, wavy for a correction).
+- `distribution_figure(exact, empirical, labels)`: exact vs empirical probabilities of short continuations,
+  the exact bars with a +-2 standard-error band: what a lossless acceptance rule must reproduce.
+"""
+from __future__ import annotations
+
+import html
+from typing import Callable, Mapping, Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .common import BONUS, CORRECTION, step_records
+
+# background per decoding step; consecutive steps differ, and the cycle is long enough not to repeat nearby
+STEP_COLORS = ("#cfe8f3", "#fde2c8", "#d9f0d3", "#f2d7ee", "#fff3b0", "#d6def5", "#f8d3d3", "#e0ecd0")
+KIND_TEXT = {"draft": "accepted draft", "bonus": "bonus (the target's token after a full acceptance)",
+             "correction": "correction (the target's token at the first rejection)"}
+
+
+def acceptance_figure(result, title: str | None = None) -> go.Figure:
+    """Tokens each target forward added (bonus included) for one `GenerationResult`."""
+    lengths = list(result.accept_lengths)
+    fig = go.Figure(go.Bar(x=list(range(len(lengths))), y=lengths, name="tokens gained",
+                           hovertemplate="forward %{x}: +%{y}<extra></extra>"))
+    mat = sum(lengths) / len(lengths) if lengths else 0.0
+    fig.add_hline(y=mat, line_dash="dash", line_color="crimson", annotation_text=f"MAT {mat:.2f}")
+    fig.update_layout(title=title or f"{result.method or 'generation'}: tokens per target forward",
+                      xaxis_title="target forward", yaxis_title="tokens gained", template="plotly_white")
+    return fig
+
+
+def steps_figure(result, title: str | None = None) -> go.Figure:
+    """Bars: the draft size of every step (`tree_size`: tree nodes verified, a chain's length, 0 for
+    autoregressive); markers: tokens gained (accepted + the target's token)."""
+    steps = step_records(result)
+    x = list(range(len(steps)))
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(go.Bar(x=x, y=[s["tree_size"] for s in steps], name="tree size (draft nodes)",
+                         marker_color="rgb(158,202,225)"), secondary_y=False)
+    fig.add_trace(go.Scatter(x=x, y=[s["emitted"] for s in steps], mode="markers+lines", name="tokens gained",
+                             marker=dict(color="crimson", size=7), line=dict(width=1)), secondary_y=True)
+    fig.update_xaxes(title_text="decoding step (one target forward)")
+    fig.update_yaxes(title_text="draft nodes", rangemode="tozero", secondary_y=False)
+    fig.update_yaxes(title_text="tokens gained", rangemode="tozero", secondary_y=True)
+    fig.update_layout(template="plotly_white", legend=dict(orientation="h", y=1.1),
+                      title=title or f"{len(steps)} steps, MAT {result.mean_accepted:.2f}")
+    return fig
+
+
+def draft_time_figure(results: dict, title: str | None = None) -> go.Figure:
+    """One box per named result (or list of µs values): the per-step drafting time."""
+    fig = go.Figure()
+    for name, result in results.items():
+        values = [s["draft_us"] for s in step_records(result)] if hasattr(result, "stats") else list(result)
+        fig.add_trace(go.Box(y=values, name=str(name), boxpoints="outliers"))
+    fig.update_layout(template="plotly_white", yaxis_title="drafting time per step (µs)", showlegend=False,
+                      title=title or "Drafting time per decoding step")
+    return fig
+
+
+def token_kinds(result) -> tuple[list[int], list[str]]:
+    """(step id, kind) of every new token of a `GenerationResult`: kind "draft" (an accepted draft), "bonus"
+    (the target's token when the walk ran off a leaf: every draft of the path accepted, or nothing drafted)
+    or "correction" (the target's token at the first rejection: the walk stopped at a node that has children).
+    Uses the step records' `accepted`, `emitted` and `full` when the method records them (exact, EOS cuts
+    included); otherwise `accept_lengths` alone (e.g. HF's decoders), reading each step as drafts + one
+    target token."""
+    step_ids, kinds = [], []
+    steps = result.stats.get("steps") if getattr(result, "stats", None) else None
+    if steps:
+        for i, s in enumerate(steps):
+            k, e = s["accepted"], s["emitted"]
+            # an EOS cut (e <= k) drops the target's token, and maybe some drafts, from the output
+            own = ["draft"] * min(k, e) + ([("bonus" if s["full"] else "correction")] if e == k + 1 else [])
+            step_ids += [i] * len(own)
+            kinds += own
+    else:
+        for i, n in enumerate(result.accept_lengths):
+            step_ids += [i] * n
+            kinds += ["draft"] * (n - 1) + ["bonus"]
+    if len(kinds) != len(result.new_tokens):
+        raise ValueError(f"steps account for {len(kinds)} tokens, the result has {len(result.new_tokens)}")
+    return step_ids, kinds
+
+
+def _visible(text: str) -> str:
+    return html.escape(text).replace("\n", "↵\n").replace("\t", "⇥\t")
+
+
+def acceptance_html(tokens_text: Sequence[str], step_ids: Sequence[int], is_bonus: Sequence, prompt: str = "",
+                    title: str | None = None, legend: bool = True, max_prompt_chars: int = 300) -> str:
+    """The generated text as HTML: each token on the background colour of the step that produced it (colours
+    cycle), the target's own token of a step (is_bonus True, or kind "bonus"/"correction") bold and
+    underlined: solid for a bonus, wavy for a correction. Hover a token for its step and kind.
+
+    tokens_text: one string per token (decode token by token); is_bonus: bools or kinds from `token_kinds`.
+    `prompt` (its last `max_prompt_chars` characters) is shown first, in grey."""
+    if not len(tokens_text) == len(step_ids) == len(is_bonus):
+        raise ValueError(f"{len(tokens_text)} tokens, {len(step_ids)} step ids, {len(is_bonus)} kinds")
+    kinds = [k if isinstance(k, str) else ("bonus" if k else "draft") for k in is_bonus]
+    unknown = set(kinds) - set(KIND_TEXT)
+    if unknown:
+        raise ValueError(f"unknown token kinds {sorted(unknown)}; use {sorted(KIND_TEXT)} or booleans")
+    parts = []
+    if title:
+        parts.append(f"<div style='font-weight:bold;margin-bottom:4px'>{html.escape(title)}</div>")
+    if legend:
+        parts.append("<div style='font-size:12px;margin-bottom:6px'>background = decoding step (colours cycle); "
+                     "<span style='background:#eee'>plain</span> = accepted draft; "
+                     "<b style='text-decoration:underline;background:#eee'>bold underlined</b> = bonus token; "
+                     "<b style='text-decoration:underline wavy;background:#eee'>wavy</b> = correction "
+                     "(the target's token at a rejection)</div>")
+    body = []
+    if prompt:
+        shown = prompt[-max_prompt_chars:]
+        body.append(f"<span style='color:#999' title='prompt'>{'…' if len(prompt) > len(shown) else ''}"
+                    f"{html.escape(shown)}</span>")
+    for text, step, kind in zip(tokens_text, step_ids, kinds):
+        style = f"background:{STEP_COLORS[int(step) % len(STEP_COLORS)]}"
+        if kind != "draft":
+            style += ";font-weight:bold;text-decoration:underline" + (" wavy" if kind == "correction" else "")
+            style += f";text-decoration-color:{BONUS if kind == 'bonus' else CORRECTION}"
+        body.append(f"<span class='tok-{kind}' data-step='{int(step)}' style='{style}' "
+                    f"title='step {int(step)}: {KIND_TEXT[kind]}'>{_visible(text)}</span>")
+    parts.append("<div style='font-family:monospace;white-space:pre-wrap;line-height:1.6;border:1px solid #ddd;"
+                 "padding:6px'>" + "".join(body) + "</div>")
+    return "<div class='acceptance-view'>" + "".join(parts) + "</div>"
+
+
+def result_acceptance_html(result, decode: Callable, prompt: str = "", title: str | None = None) -> str:
+    """`acceptance_html` for a `GenerationResult`, decoding token by token with `decode(list_of_ids)`."""
+    step_ids, kinds = token_kinds(result)
+    return acceptance_html([decode([t]) for t in result.new_tokens], step_ids, kinds, prompt=prompt, title=title)
+
+
+def _series_freq(empirical) -> tuple[dict, int | None]:
+    """(normalised frequencies, number of samples or None) from counts or probabilities."""
+    values = list(empirical.values())
+    total = float(sum(values))
+    integral = all(float(v).is_integer() for v in values) and total > 1.0 + 1e-9
+    if total <= 0:
+        raise ValueError("an empirical distribution with no mass")
+    return {k: v / total for k, v in empirical.items()}, (int(total) if integral else None)
+
+
+def distribution_figure(exact, empirical, labels=None, top: int = 24, title: str | None = None,
+                        band: bool = True) -> go.Figure:
+    """Bars of exact vs empirical probabilities of continuations, most probable first.
+
+    exact: {continuation: probability} (or a list of probabilities, then `labels` names them).
+    empirical: counts or frequencies keyed like `exact` (a Counter of samples), or {series name: such a
+    mapping} for several series side by side (e.g. the right and a wrong acceptance rule); lists work as
+    for `exact`. labels: a callable continuation -> text, a mapping, or a list parallel to list inputs.
+    The `top` most probable continuations get a bar each, the rest are pooled into one "other" bar (with any
+    continuation of exact probability 0 that was sampled). With counts (integers) and `band`, the exact bars
+    carry +-2 standard errors, 2 sqrt(P (1 - P) / n): where a lossless method's bar falls ~95% of the time."""
+    if not isinstance(exact, Mapping):
+        exact = dict(enumerate(exact))
+        if isinstance(labels, Sequence) and not isinstance(labels, str):
+            labels = dict(enumerate(labels))
+    if isinstance(empirical, Mapping) and empirical and all(isinstance(v, Mapping) for v in empirical.values()):
+        series = dict(empirical)
+    elif isinstance(empirical, Mapping):
+        series = {"empirical": empirical}
+    else:
+        series = {"empirical": dict(enumerate(empirical))}
+    series = {name: (dict(enumerate(s)) if not isinstance(s, Mapping) else s) for name, s in series.items()}
+    order = sorted(exact, key=lambda k: (-exact[k], str(k)))
+    shown, rest = order[:top], order[top:]
+    if callable(labels):
+        names = [str(labels(k)) for k in shown]
+    elif isinstance(labels, Mapping):
+        names = [str(labels.get(k, k)) for k in shown]
+    else:
+        names = [" ".join(map(str, k)) if isinstance(k, tuple) else str(k) for k in shown]
+    other_keys = set(rest) | {k for s in series.values() for k in s if k not in exact or exact[k] <= 0}
+    pooled = bool(other_keys)
+    if pooled:
+        names.append(f"other ({len(other_keys)})")
+    exact_y = [float(exact[k]) for k in shown] + ([float(sum(exact.get(k, 0.0) for k in other_keys))] if pooled else [])
+    fig = go.Figure()
+    counts = [_series_freq(s) for s in series.values()]
+    n = counts[0][1] if counts else None
+    error = None
+    if band and n:
+        error = dict(type="data", array=[2 * (p * (1 - p) / n) ** 0.5 for p in exact_y], visible=True,
+                     color="black", thickness=1.2, width=3)
+    fig.add_trace(go.Bar(x=names, y=exact_y, name="exact (enumeration)", marker_color="rgb(55,83,109)",
+                         error_y=error, hovertemplate="%{x}<br>exact %{y:.4f}<extra></extra>"))
+    colors = ["rgb(107,174,214)", "rgb(239,138,98)", "rgb(116,196,118)", "rgb(158,154,200)"]
+    for i, ((name, _), (freq, m)) in enumerate(zip(series.items(), counts)):
+        y = [freq.get(k, 0.0) for k in shown] + ([sum(freq.get(k, 0.0) for k in other_keys)] if pooled else [])
+        label = f"{name} (n={m})" if m else name
+        fig.add_trace(go.Bar(x=names, y=y, name=label, marker_color=colors[i % len(colors)],
+                             hovertemplate="%{x}<br>" + html.escape(name) + " %{y:.4f}<extra></extra>"))
+    fig.update_layout(barmode="group", template="plotly_white", xaxis_title="continuation",
+                      yaxis_title="probability", legend_title="",
+                      title=title or f"Exact vs empirical distribution ({len(shown)} most probable of {len(exact)})")
+    fig.update_xaxes(tickangle=-45 if len(names) > 8 else 0)
+    return fig

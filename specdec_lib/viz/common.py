@@ -1,0 +1,78 @@
+"""What every viz module shares: token text, the colour code, column picking and redrawing an explorer.
+
+Nothing here draws a figure of its own. The helpers exist so that the subject modules (tables, trees, masks,
+caches, acceptance, costs, bench) agree on how a token reads, what a colour means and how an explorer
+redraws, without importing each other's private names.
+
+- `token_text(tokens, decode)`: tokens as readable text (spaces "·", newlines "↵", tabs "⇥"), or the ids.
+- `shade(rank, n)`: recency shading, rank 0 (MRU) dark to n - 1 (LRU) light.
+- `DRAFTED`, `ACCEPTED`, `BONUS`, `CORRECTION`: one colour per token role, the same in every figure and in
+  the acceptance HTML (a bonus is gold and a correction orange wherever they appear).
+- `step_records(steps)`: the per-step dicts of `result.stats["steps"]`, from a `GenerationResult` or as given.
+- `pick_column(table, candidates, what)`: the first of several accepted column names a data frame has
+  (summaries name tokens/s and MAT a few ways); `TOKENS_PER_S`, `MAT_COLUMNS` are those names.
+- `prompt_options(prompts)`: dropdown options from prompt strings or {"id", "prompt"} dicts.
+- `render(view, *figures)`: replace an `Output` widget's content with figures: how every explorer redraws.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+MRU_COLOR, LRU_COLOR = (107, 174, 214), (239, 245, 251)  # recency shading: most recent dark, least recent light
+# token roles in a speculative step
+DRAFTED, ACCEPTED, BONUS, CORRECTION = "rgb(200,200,200)", "rgb(49,163,84)", "rgb(255,193,7)", "rgb(230,85,13)"
+
+# Summaries from bench, ablation and hand-made frames name the same quantity differently; accept them all.
+TOKENS_PER_S = ("tokens_per_s", "tokens_per_second", "tok_per_s", "tok_s", "tokens/s")
+MAT_COLUMNS = ("mat", "MAT", "mean_accepted")
+
+
+def token_text(tokens, decode: Callable | None = None) -> str:
+    """Tokens as a short readable string: decoded with visible whitespace, or the ids when no `decode`."""
+    tokens = tokens.tolist() if hasattr(tokens, "tolist") else tokens  # arrays, tensors, numpy scalars
+    tokens = [int(t) for t in (tokens if isinstance(tokens, (list, tuple)) else [tokens])]
+    if decode is None:
+        return " ".join(map(str, tokens))
+    return decode(tokens).replace(" ", "·").replace("\n", "↵").replace("\t", "⇥")
+
+
+def shade(rank: int, n: int) -> str:
+    """rank 0 (MRU) .. n - 1 (LRU) -> an rgb string between MRU_COLOR and LRU_COLOR."""
+    t = 0.0 if n <= 1 else rank / (n - 1)
+    return "rgb({},{},{})".format(*(round(a + (b - a) * t) for a, b in zip(MRU_COLOR, LRU_COLOR)))
+
+
+def step_records(steps) -> list[dict]:
+    """The per-step dicts every method records (`tree_size`, `depth`, `accepted`, `emitted`, `full`,
+    `draft_us`, `verify_ms`, `update_us`, ...): `result.stats["steps"]` of a `GenerationResult`, or a list."""
+    return list(steps.stats["steps"]) if hasattr(steps, "stats") else list(steps)
+
+
+def pick_column(table, candidates, what: str) -> str:
+    """The first name in `candidates` that is a column of `table`; a KeyError naming `what` otherwise."""
+    for name in candidates:
+        if name in table.columns:
+            return name
+    raise KeyError(f"no {what} column (looked for {', '.join(candidates)}); columns: {list(table.columns)}")
+
+
+def prompt_options(prompts) -> list[tuple[str, str]]:
+    """(label, prompt text) pairs for a Dropdown: {"id", "prompt"} dicts by id, plain strings by position."""
+    return [(p["id"], p["prompt"]) if isinstance(p, dict) else (f"prompt {i}", p) for i, p in enumerate(prompts)]
+
+
+def render(view, *figures) -> None:
+    """Replace an Output widget's content with `figures` (only inside IPython: elsewhere there is nothing to
+    draw on, and display() would print the figures' repr).
+
+    Explorers redraw static figures into an Output rather than mutate a plotly FigureWidget, because
+    FigureWidget needs anywidget, which a plain Jupyter install may lack."""
+    from IPython import get_ipython
+    from IPython.display import display
+
+    if get_ipython() is None:
+        return
+    view.clear_output(wait=True)
+    with view:
+        for fig in figures:
+            display(fig)
