@@ -22,7 +22,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 env: $(STAMP)
 
 workbook: $(STAMP)
-	$(BIN)/python -m specdec_lib.run_notebooks --out figures
+	$(BIN)/python -m specdec_lib.tools.run_notebooks --out figures
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
@@ -32,8 +32,8 @@ lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks
 
 models: $(STAMP)
-	$(BIN)/python -m specdec_lib.train_tiny --out data/models
-	$(BIN)/python -m specdec_lib.model_card --models data/models
+	$(BIN)/python -m specdec_lib.tools.train_tiny --out data/models
+	$(BIN)/python -m specdec_lib.tools.model_card --models data/models
 
 bench: $(STAMP)
 	$(BIN)/python -m specdec_lib.bench --models tiny --suite code --methods hf,autoregressive,hf_prompt_lookup,hf_assisted,prompt_lookup,draft_model,cacheback,cacheback@tdl=16+crt=4

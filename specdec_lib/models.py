@@ -127,7 +127,7 @@ def load_models(spec="tiny", device="auto", dtype="auto") -> ModelPair:
     if spec == "tiny":
         if not (TINY_DIR / "target").is_dir():
             raise FileNotFoundError(f"the shipped tiny pair is missing under {TINY_DIR}; "
-                                    "train it with `python -m specdec_lib.train_tiny --out data/models`")
+                                    "train it with `python -m specdec_lib.tools.train_tiny --out data/models`")
         target_src, draft_src, name = str(TINY_DIR / "target"), str(TINY_DIR / "draft"), "tiny"
     elif isinstance(spec, (tuple, list)) and len(spec) == 2 and all(isinstance(s, (str, Path)) for s in spec):
         target_src, draft_src = (str(s) for s in spec)

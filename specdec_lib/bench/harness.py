@@ -18,7 +18,7 @@ Protocol (the one of Spec-Bench, Xia et al. 2024, at batch size 1):
   speeds instead, which gives short fast runs more weight), and speedup is that over hf's from the same
   run. MAT is total new tokens / total target forwards.
 
-Suites: "code" and "editing" are the project's own (data/prompts/, written by `specdec_lib.make_prompts`);
+Suites: "code" and "editing" are the project's own (data/prompts/, written by `specdec_lib.tools.make_prompts`);
 any other name is a hub dataset (`--prompt-field`, `--split`) or a local .jsonl file. The CLI takes the
 first 12 prompts by default (`--limit 0`: all 24), 128 new tokens, 3 repeats.
 
@@ -60,7 +60,7 @@ def load_suite(name: str, limit: int | None = None, prompt_field: str = "prompt"
     if name in SUITES or name.endswith((".jsonl", ".json")):
         path = PROMPTS_DIR / f"{name}.jsonl" if name in SUITES else Path(name)
         if not path.exists():
-            raise FileNotFoundError(f"{path} is missing; write the suites with `python -m specdec_lib.make_prompts`")
+            raise FileNotFoundError(f"{path} is missing; write the suites with `python -m specdec_lib.tools.make_prompts`")
         rows = _json_rows(path)
     else:
         try:

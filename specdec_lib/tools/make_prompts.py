@@ -1,6 +1,6 @@
 """Write the project's own prompt suites, data/prompts/code.jsonl and data/prompts/editing.jsonl.
 
-    python -m specdec_lib.make_prompts            # deterministic: same stdlib + same seed -> same files
+    python -m specdec_lib.tools.make_prompts            # deterministic: same stdlib + same seed -> same files
 
 Both suites are cut from the *held-out* standard-library files only (`corpus.is_heldout`), so the tiny pair
 never saw a line of them in training. Each row is {"id", "suite", "prompt", "source"}.

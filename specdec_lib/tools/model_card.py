@@ -1,6 +1,6 @@
 """Write `data/models/README.md`, the model card of the shipped tiny pair.
 
-    python -m specdec_lib.model_card --models data/models
+    python -m specdec_lib.tools.model_card --models data/models
 
 It reads what training recorded (`training.json`: settings, steps, held-out metrics) and measures, on the
 machine it runs on, the cost of one forward of each model (q = 1 and q = 32 query tokens over a 256-token
@@ -48,7 +48,7 @@ def build_card(models_dir: Path = TINY_DIR, threads: int | None = None) -> str:
         "# The shipped tiny pair (model card)",
         "",
         "Two `LlamaForCausalLM` models sharing one byte-level BPE tokenizer, trained by "
-        "`python -m specdec_lib.train_tiny` on the Python standard library's own source files. They exist so "
+        "`python -m specdec_lib.tools.train_tiny` on the Python standard library's own source files. They exist so "
         "every notebook runs offline on a CPU; on a GPU with hub access, use a real pair instead.",
         "",
         "| | target | draft |",
@@ -75,7 +75,7 @@ def build_card(models_dir: Path = TINY_DIR, threads: int | None = None) -> str:
         f"also padding), context {t_cfg.max_position_embeddings} tokens.",
         f"- Corpus: {info['train_files']} training files ({info['train_tokens']:,} tokens) and "
         f"{info['heldout_files']} held-out files ({info['heldout_tokens']:,} tokens) of the standard library "
-        "(tests excluded); whole files are held out by a hash of their path (`specdec_lib.corpus`).",
+        "(tests excluded); whole files are held out by a hash of their path (`specdec_lib.tools.corpus`).",
         f"- Profile `{info['profile']}`, seed {info['seed']}, trained on {info['device_name']} with torch "
         f"{info['torch']} (bf16 autocast on GPU); timings above measured on {platform.processor() or platform.machine()} "
         f"with {torch.get_num_threads()} threads, torch {torch.__version__}, median of 30 after 5 warm-ups, "

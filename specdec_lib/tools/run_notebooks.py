@@ -1,4 +1,4 @@
-"""Execute the workbook's notebooks headless: `python -m specdec_lib.run_notebooks --out figures [--smoke]`.
+"""Execute the workbook's notebooks headless: `python -m specdec_lib.tools.run_notebooks --out figures [--smoke]`.
 
 Each notebook under `notebooks/` (matching --pattern) runs top to bottom on a fresh `python3` kernel through
 nbclient. Like papermill, a cell is injected right after the cell tagged `parameters`; it sets
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import nbformat
 
-NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 INJECTED_TAG = "injected-parameters"
 
 
@@ -39,7 +39,7 @@ def inject_parameters(nb, params: dict) -> None:
     nb.cells = [c for c in nb.cells if INJECTED_TAG not in c.get("metadata", {}).get("tags", [])]
     index = next((i for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", [])),
                  None)
-    source = "# Parameters injected by specdec_lib.run_notebooks\n" + "\n".join(
+    source = "# Parameters injected by specdec_lib.tools.run_notebooks\n" + "\n".join(
         f"{key} = {value!r}" for key, value in params.items())
     cell = nbformat.v4.new_code_cell(source, metadata={"tags": [INJECTED_TAG]})
     nb.cells.insert(0 if index is None else index + 1, cell)

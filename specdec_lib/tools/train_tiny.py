@@ -1,7 +1,7 @@
 """Train the shipped tiny pair: a byte-level BPE tokenizer, a Llama target and a distilled Llama draft.
 
-    python -m specdec_lib.train_tiny --out data/models              # full run (profile picked by device)
-    python -m specdec_lib.train_tiny --out /tmp/m --quick            # a few steps on a few files (tests)
+    python -m specdec_lib.tools.train_tiny --out data/models              # full run (profile picked by device)
+    python -m specdec_lib.tools.train_tiny --out /tmp/m --quick            # a few steps on a few files (tests)
 
 Why our own pair: nothing can be downloaded here, and speculative decoding needs a target and a draft that
 share a vocabulary, where the draft is much cheaper and agrees with the target often. So:

@@ -1,0 +1,43 @@
+"""What every notebook's first cells need, written once: the versions banner, figure saving, visible tokens.
+
+    from specdec_lib.tools import notebook
+    notebook.banner()                          # torch / transformers / specdec_lib versions and the device
+    save = notebook.figure_saver(FIGURES_DIR)  # save(fig, "name") -> fig, also written to FIGURES_DIR/name.html
+    notebook.visible(pair.decode(tokens))      # spaces as "·", newlines as "↵": tokens you can count
+
+Simplifications: figures are saved as HTML with plotly.js from a CDN (small files; they need internet to open).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def banner() -> str:
+    """Print (and return) the versions and the device, and silence download/loading progress bars."""
+    import torch
+    import transformers
+
+    import specdec_lib
+
+    transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bars in the outputs
+    device = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
+              else f"CPU only ({torch.get_num_threads()} threads)")
+    text = (f"torch {torch.__version__} | transformers {transformers.__version__} | specdec_lib "
+            f"{specdec_lib.__version__}\ndevice: {device}")
+    print(text)
+    return text
+
+
+def figure_saver(folder):
+    """A `save(fig, name)` that writes fig as HTML under `folder` (when set) and returns it for display."""
+    def save(fig, name: str):
+        if folder:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            fig.write_html(Path(folder) / f"{name}.html", include_plotlyjs="cdn")
+        return fig
+    return save
+
+
+def visible(text: str) -> str:
+    """Text with its whitespace made visible: spaces as "·", newlines as "↵"."""
+    return text.replace(" ", "·").replace("\n", "↵")
