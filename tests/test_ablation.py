@@ -5,6 +5,8 @@ import pytest
 
 from specdec_lib import viz
 from specdec_lib.bench import ablation
+
+from conftest import all_match_hf
 from specdec_lib.tools.frozen_tables import ensure_frozen_table, frozen_table_path
 
 RUN = dict(max_new_tokens=12, repeats=1, limit=1, progress=False)
@@ -24,7 +26,7 @@ def test_run_variants_rows_settings_and_object_settings(tiny_pair):
     assert list(table.variant) == ["small", "table object", "hf"]
     # an object setting is never filed under the bare method name (every variant would inherit it)
     assert list(table.label) == ["cacheback@tdl=8+crt=2", "cacheback@table_object", "hf"]
-    assert table.all_match_hf.all() and (table.mat >= 1).all()
+    assert all_match_hf(table, key="variant") and (table.mat >= 1).all()
     assert table.loc[0, "tdl"] == 8 and table.loc[0, "crt"] == 2
     assert table.loc[2, "speedup"] == 1.0
     with pytest.raises(ValueError, match="same settings"):
@@ -33,7 +35,7 @@ def test_run_variants_rows_settings_and_object_settings(tiny_pair):
 
 def test_table1_and_sweep(tiny_pair):
     t1 = ablation.table1(tiny_pair, "editing", **RUN)
-    assert list(t1.variant) == ["dual", "no frozen", "only frozen", "hf"] and t1.all_match_hf.all()
+    assert list(t1.variant) == ["dual", "no frozen", "only frozen", "hf"] and all_match_hf(t1, key="variant")
     assert t1.loc[1, "frozen"] is False or t1.loc[1, "frozen"] == False  # noqa: E712
     fig = viz.table1_figure(t1)
     assert list(fig.data[0].x) == ["dual", "no frozen", "only frozen"]
@@ -59,7 +61,7 @@ def test_ll_fl_grid_with_tables_built_on_demand(tiny_pair, tmp_path, monkeypatch
     progress = []
     grid = ablation.ll_fl_grid(tiny_pair, "code", (1, 2), (2, 3), frozen_for=frozen_for,
                                callback=lambda done, total: progress.append((done, total)), **RUN)
-    assert sorted(zip(grid.ll, grid.fl)) == [(1, 2), (1, 3), (2, 2), (2, 3)] and grid.all_match_hf.all()
+    assert sorted(zip(grid.ll, grid.fl)) == [(1, 2), (1, 3), (2, 2), (2, 3)] and all_match_hf(grid, key="variant")
     assert all(p.parent == tmp_path / "tables" for p in built.values())
     assert progress[-1][0] == progress[-1][1] and [d for d, _ in progress] == sorted(d for d, _ in progress)
     assert not frozen_tables._FROZEN  # dropped after each LL
@@ -87,7 +89,7 @@ def test_explorer_runs_sweeps_and_reports_errors(tiny_pair):
     c["tdl"].value, c["crt"].value = 16, 4
     box.run()
     table = box.state["table"]
-    assert box.state["error"] is None and list(table.variant) == ["cacheback", "hf"] and table.all_match_hf.all()
+    assert box.state["error"] is None and list(table.variant) == ["cacheback", "hf"] and all_match_hf(table, key="variant")
     c["sweep"].value, c["values"].value = "tdl", "8, 24"
     box.run()
     assert list(box.state["table"].variant) == ["tdl=8", "tdl=24", "hf"]

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import inspect
 import json
 import math
 import platform
@@ -127,12 +126,10 @@ def run_bench(pair, suite, methods, max_new_tokens: int = 128, repeats: int = 3,
     encoded = [pair.encode(p["prompt"])[:, -budget:] for p in prompts]
     greedy = {m: float(variants[m][1].get("temperature", 0.0)) == 0.0 for m in methods}
 
-    takes_tokenizer = {method: "tokenizer" in inspect.signature(METHODS[method].decode).parameters
-                       for method, _ in variants.values()}
 
     def run(label, ids):
         method, kwargs = variants[label]
-        if takes_tokenizer[method] and "tokenizer" not in kwargs:  # e.g. cacheback checks its frozen tables
+        if METHODS[method].accepts("tokenizer") and "tokenizer" not in kwargs:  # e.g. cacheback checks its frozen tables
             kwargs = dict(kwargs, tokenizer=pair.tokenizer)
         return generate(method, pair.target, ids, max_new_tokens, draft=pair.draft, eos_token_id=None, **kwargs)
 
@@ -157,7 +154,9 @@ def run_bench(pair, suite, methods, max_new_tokens: int = 128, repeats: int = 3,
                 if callback is not None:
                     callback(len(rows), len(prompts) * repeats * len(methods))
         for row in rows[-repeats * len(methods):]:
-            if greedy[row["method"]] and greedy["hf"]:
+            if row["method"] == "hf":
+                row["matches_hf"] = None  # the reference: not compared with itself
+            elif greedy[row["method"]] and greedy["hf"]:
                 row["matches_hf"] = tokens[row["method"], row["repeat"]] == tokens["hf", 0]
             else:
                 row["matches_hf"] = None  # sampling: equal tokens are not expected
@@ -178,7 +177,7 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
                          mat=mine.new_tokens.sum() / mine.target_forwards.sum(),
                          target_forwards=mine.target_forwards.mean(),
                          seconds=group.wall_seconds.sum(),
-                         all_match_hf=bool(matches.all()) if len(matches) else None))
+                         all_match_hf=bool(matches.all()) if len(matches) else None))  # None: hf, sampling
     table = pd.DataFrame(rows)
     hf = table.loc[table.method == "hf", "tokens_per_s"]
     table.insert(3, "speedup", table.tokens_per_s / hf.iloc[0] if len(hf) else math.nan)

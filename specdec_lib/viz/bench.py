@@ -219,7 +219,7 @@ def ablation_explorer(pair, suites: Sequence[str] = ("code", "editing"), prompts
         else:
             fig = _bars(table, f"{method.value} on {suite.value}")
         state.update(table=table, figure=fig, error=None)
-        lossless = "every variant reproduced hf's tokens" if table.all_match_hf.all() else "MISMATCH with hf"
+        lossless = "every variant reproduced hf's tokens" if table.all_match_hf.dropna().all() else "MISMATCH with hf"
         status.value = f"done: {lossless}"
         table_view.value = table.drop(columns=["label"]).round(3).to_html(index=False)
         render(view, fig)

@@ -1,0 +1,141 @@
+"""The one decoding loop's own pieces: mask_mod composition, the forward layout, side rows (the extension point
+for Lookahead/FAFO), the commit, and a proposer defined outside the library.
+
+Tolerance: random float64 models under sdpa compute attention in float64, so rows that see the same keys at the
+same positions agree to ~1e-15; 1e-9 is used."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec_lib import METHODS, Proposal, Proposer, SideRows, generate, register_proposer
+from specdec_lib.mechanisms import masks
+from specdec_lib.mechanisms.draft_tree import DraftTree
+from specdec_lib.mechanisms.verify import build_forward
+
+from conftest import random_lm, repeating_prompt
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_mask_pieces_compose_into_the_first_step_layout():
+    """Prompt rows causal, then root + tree: the composed mask_mod equals the mask drawn by hand."""
+    tree = DraftTree(9, [2, 6, 5], [-1, -1, 0])  # root -> n0 -> n2, root -> n1
+    inputs, keep = build_forward(Proposal(tree), [4, 7, 9], cached=0, backend="bool")
+    assert inputs["input_ids"].tolist() == [[4, 7, 9, 2, 6, 5]] and keep == 4
+    assert inputs["position_ids"].tolist() == [[0, 1, 2, 3, 3, 4]]  # the root at 2, nodes at 2 + depth
+    expected = torch.tensor([[1, 0, 0, 0, 0, 0],
+                             [1, 1, 0, 0, 0, 0],
+                             [1, 1, 1, 0, 0, 0],  # root
+                             [1, 1, 1, 1, 0, 0],  # n0
+                             [1, 1, 1, 0, 1, 0],  # n1
+                             [1, 1, 1, 1, 0, 1]], dtype=torch.bool)  # n2
+    assert torch.equal(inputs["attention_mask"][0, 0], expected)
+    plain, _ = build_forward(Proposal(DraftTree(9)), [4, 7, 9], cached=0)
+    assert "attention_mask" not in plain  # a plain causal step: transformers builds its own mask
+    later, _ = build_forward(Proposal(tree), [9], cached=5, backend="sdpa", dtype=torch.float64)
+    mask = later["attention_mask"][0, 0]  # (4, 9): every row sees the 5 cached keys
+    assert mask.shape == (4, 9) and (mask[:, :5] == 0).all()
+    assert torch.equal(mask[:, 5:] == 0, masks.ancestor_matrix(tree.parents))
+
+
+def test_by_rows_and_or_masks_are_pure_functions():
+    mod = masks.by_rows([(0, masks.causal(2)), (3, masks.prefix(1))])
+    grid = masks.dense(mod, 5, 7)
+    assert torch.equal(grid[:3], masks.dense(masks.causal(2), 3, 7))
+    assert torch.equal(grid[3:], torch.tensor([[1, 0, 0, 0, 0, 0, 0]] * 2, dtype=torch.bool))
+    both = masks.and_masks(masks.causal(0), masks.prefix(2))
+    assert bool(both(0, 0, 3, 1)) and not bool(both(0, 0, 3, 2)) and not bool(both(0, 0, 0, 1))
+    either = masks.or_masks(masks.prefix(1), masks.visible(torch.eye(2, dtype=torch.bool), 0, 3))
+    assert torch.equal(masks.dense(either, 2, 5), torch.tensor([[1, 0, 0, 1, 0], [1, 0, 0, 0, 1]], dtype=torch.bool))
+
+
+class ChainWithSideCopy(Proposer):
+    """Proposes a chain, and the same chain again as causal side rows: their logits must equal the chain's."""
+
+    def __init__(self, k: int = 3):
+        self.k, self.checked = k, 0
+
+    def propose(self, state, budget):
+        committed = state.committed
+        drafts = [committed[-4 + i] for i in range(min(self.k, budget, 3))]  # any tokens will do
+        tree = DraftTree.chain(committed[-1], drafts)
+        n = len(drafts)
+        side = SideRows(list(drafts), [d + 1 for d in range(n)], torch.tril(torch.ones(n, n, dtype=torch.bool)))
+        return Proposal(tree, side=side if n else None)
+
+    def observe(self, state, verdict):
+        if verdict.side_logits is None:
+            return
+        rows = verdict.logits
+        tree_rows = torch.stack([rows[i + 1] for i in range(len(verdict.proposal.tree))])  # the nodes' rows
+        torch.testing.assert_close(verdict.side_logits, tree_rows, atol=1e-9, rtol=0)
+        self.checked += 1
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_side_rows_ride_the_forward_and_change_nothing(kind):
+    target = random_lm(kind, seed=4, logit_scale=20.0)
+    ids = repeating_prompt(24, 4)
+    proposers = []
+
+    @register_proposer("_side_copy")
+    class Recorded(ChainWithSideCopy):
+        def __init__(self, k: int = 3):
+            super().__init__(k)
+            proposers.append(self)
+
+    try:
+        for lazy in (True, False):
+            result = generate("_side_copy", target, ids, 30, debug=True, lazy_head=lazy)
+            assert result.new_tokens == generate("hf", target, ids, 30).new_tokens
+            drafting = sum(s["tree_size"] > 0 for s in result.stats["steps"])  # the last step has no room to draft
+            assert proposers[-1].checked == drafting > 20  # every drafting step compared its side rows
+    finally:
+        del METHODS["_side_copy"]
+
+
+def test_side_rows_prefix_mod_hides_committed_keys():
+    """A side row whose prefix_mod hides every committed key sees only itself: the root token with no context."""
+    target = random_lm("llama", seed=4, logit_scale=20.0)
+    seen = {}
+
+    class RootOnly(Proposer):
+        def propose(self, state, budget):
+            side = SideRows([state.committed[-1]], [0], torch.ones(1, 1, dtype=torch.bool),
+                            prefix_mod=lambda kv_idx: kv_idx < 0)  # no committed key
+            return Proposal(DraftTree(state.committed[-1]), side=side)
+
+        def observe(self, state, verdict):
+            seen.setdefault("logits", verdict.side_logits[0])
+            seen.setdefault("root", verdict.proposal.tree.root)
+
+    register_proposer("_root_only")(RootOnly)
+    try:
+        generate("_root_only", target, [5, 6, 7, 8], 1)
+    finally:
+        del METHODS["_root_only"]
+    # the same token alone at the root's position
+    alone = target(input_ids=torch.tensor([[seen["root"]]]), position_ids=torch.tensor([[3]])).logits[0, -1]
+    torch.testing.assert_close(seen["logits"], alone, atol=1e-9, rtol=0)
+
+
+def test_side_rows_validate_their_shape():
+    with pytest.raises(ValueError, match="square"):
+        SideRows([1, 2], [1, 2], torch.ones(1, 1, dtype=torch.bool))
+
+
+def test_q_needs_a_chain():
+    target = random_lm("llama", seed=4)
+
+    class TwoBranchesWithQ(Proposer):
+        def propose(self, state, budget):
+            tree = DraftTree(state.committed[-1], [1, 2], [-1, -1])
+            return Proposal(tree, q=torch.full((2, 97), 1 / 97))
+
+    register_proposer("_two_q")(TwoBranchesWithQ)
+    try:
+        with pytest.raises(ValueError, match="q-based verification takes a chain"):
+            generate("_two_q", target, [5, 6, 7], 4, temperature=1.0, seed=0)
+    finally:
+        del METHODS["_two_q"]
