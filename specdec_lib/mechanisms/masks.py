@@ -17,14 +17,15 @@ Pieces (each pure: indexes precomputed tensors, so it works on ints, broadcast i
 - `prefix(end)`: keys before `end`;
 - `tree(parents, root_row, cached)`: the root and nodes see keys before the root and their ancestors;
 - `visible(sees, first_row, first_key)`: a block of rows seeing a block of keys through a bool matrix.
-Renderers: `dense` (bool (q, kv), for drawing and checks) and `render` (the backend's format):
-- "sdpa" and "eager": an ADDITIVE float mask (0 = see, finfo(dtype).min = hidden), (1, 1, q, kv). A boolean 4D
+Notation: R query rows, K keys (q is the draft distribution only, package docstring).
+Renderers: `dense` (bool (R, K), for drawing and checks) and `render` (the backend's format):
+- "sdpa" and "eager": an ADDITIVE float mask (0 = see, finfo(dtype).min = hidden), (1, 1, R, K). A boolean 4D
   mask is right under sdpa but SILENTLY WRONG under eager (eager adds the mask to the scores: True adds +1),
   so no boolean mask is ever handed to a model;
 - "flex_attention": a BlockMask from `create_block_mask` (on CPU for correctness and teaching, not speed);
 - "bool": the boolean mask itself (drawing and checks only).
 
-Simplifications: batch size 1 and one mask for every head; the dense renderer evaluates the whole (q, kv) grid
+Simplifications: batch size 1 and one mask for every head; the dense renderer evaluates the whole (R, K) grid
 (~0.1 ms for a 97-row tree over 500 keys on a CPU, under 1% of that forward).
 """
 from __future__ import annotations
@@ -40,11 +41,11 @@ MaskMod = Callable  # (b, h, q_idx, kv_idx) -> bool tensor
 
 
 def ancestor_matrix(parents) -> torch.Tensor:
-    """Bool (q, q), q = 1 + len(parents): [r, c] is True when row c is an ancestor of row r or r itself.
+    """Bool (R, R), R = 1 + len(parents): [r, c] is True when row c is an ancestor of row r or r itself.
 
     Row/column 0 is the root (an ancestor of every node); node i is row i + 1."""
-    q = len(parents) + 1
-    anc = np.zeros((q, q), dtype=bool)
+    rows = len(parents) + 1
+    anc = np.zeros((rows, rows), dtype=bool)
     anc[0, 0] = True
     for i, p in enumerate(parents):  # parents precede children, so the parent's row is complete
         anc[i + 1] = anc[p + 1]
@@ -117,8 +118,8 @@ def by_rows(segments: Sequence[tuple[int, MaskMod]]) -> MaskMod:
 
 
 def dense(mask_mod: MaskMod, q_len: int, kv_len: int, device=None) -> torch.Tensor:
-    """The mask as a bool (q_len, kv_len) tensor: the mask_mod evaluated on the whole index grid."""
-    q_idx = torch.arange(q_len, device=device)[:, None]  # (q, 1)
+    """The mask as a bool (q_len, kv_len) = (R, K) tensor: the mask_mod evaluated on the whole index grid."""
+    q_idx = torch.arange(q_len, device=device)[:, None]  # (R, 1)
     kv_idx = torch.arange(kv_len, device=device)[None, :]  # (1, kv)
     return torch.broadcast_to(mask_mod(0, 0, q_idx, kv_idx), (q_len, kv_len)).to(device)
 
@@ -132,28 +133,28 @@ def render(mask_mod: MaskMod, q_len: int, kv_len: int, backend: str = "sdpa", dt
     if backend not in ("sdpa", "eager", "bool"):
         raise ValueError(f"unknown attention backend {backend!r}: use 'sdpa', 'eager', 'flex_attention' "
                          f"or 'bool' (drawing only)")
-    seen = dense(mask_mod, q_len, kv_len, device)  # (q, kv)
+    seen = dense(mask_mod, q_len, kv_len, device)  # (R, K)
     if backend == "bool":
         return seen[None, None]
     if not dtype.is_floating_point:
         raise ValueError(f"an additive mask needs the model's float dtype, got {dtype}")
     mask = torch.zeros(q_len, kv_len, dtype=dtype, device=device)
-    return mask.masked_fill_(~seen, torch.finfo(dtype).min)[None, None]  # (1, 1, q, kv)
+    return mask.masked_fill_(~seen, torch.finfo(dtype).min)[None, None]  # (1, 1, R, K)
 
 
 # ---- the tree forward of notebooks 02-04 (root + nodes against a cache of prefix_len tokens) ----------
 
 def dense_tree_mask(tree_: DraftTree) -> torch.Tensor:
-    """The tree part of the mask, bool (q, q) with the root first: what a figure draws."""
+    """The tree part of the mask, bool (R, R) with the root first: what a figure draws."""
     return ancestor_matrix(tree_.parents)
 
 
 def tree_inputs(tree_: DraftTree, prefix_len: int, device=None):
-    """(input_ids (1, q), position_ids (1, q), node_order) for one tree forward; q = 1 + len(tree).
+    """(input_ids (1, R), position_ids (1, R), node_order) for one tree forward; R = 1 + len(tree).
 
     node_order[r] is the tree node held by row r (-1 for the root row): rows follow insertion order."""
-    ids = torch.tensor([[tree_.root, *tree_.tokens]], dtype=torch.long, device=device)  # (1, q)
-    pos = torch.tensor([[0, *tree_.depths]], dtype=torch.long, device=device) + prefix_len  # (1, q)
+    ids = torch.tensor([[tree_.root, *tree_.tokens]], dtype=torch.long, device=device)  # (1, R)
+    pos = torch.tensor([[0, *tree_.depths]], dtype=torch.long, device=device) + prefix_len  # (1, R)
     return ids, pos, [-1, *range(len(tree_))]
 
 
@@ -164,6 +165,6 @@ def tree_mask_mod(parents, prefix_len: int = 0, device=None) -> MaskMod:
 
 def tree_attention_mask(tree_: DraftTree, prefix_len: int, dtype=torch.float32, backend: str = "sdpa",
                         device=None):
-    """The attention_mask of a tree forward, (1, 1, q, prefix_len + q) or a BlockMask; q = 1 + len(tree)."""
-    q = len(tree_) + 1
-    return render(tree_mask_mod(tree_.parents, prefix_len, device), q, prefix_len + q, backend, dtype, device)
+    """The attention_mask of a tree forward, (1, 1, R, prefix_len + R) or a BlockMask; R = 1 + len(tree)."""
+    rows = len(tree_) + 1
+    return render(tree_mask_mod(tree_.parents, prefix_len, device), rows, prefix_len + rows, backend, dtype, device)

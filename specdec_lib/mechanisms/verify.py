@@ -116,13 +116,13 @@ PLAIN_HEAD_MODELS = {"llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2"}
 
 
 class RowLogits:
-    """Logits of a forward computed row by row on demand: `rows[r]` -> (V,), cached; `full()` -> (q, V).
+    """Logits of a forward computed row by row on demand: `rows[r]` -> (V,), cached; `full()` -> (R, V).
 
-    The walk reads 1 + k of q rows, so projecting all q hidden states through the LM head (q x hidden x V
+    The walk reads 1 + k of the R rows, so projecting all R hidden states through the LM head (R x hidden x V
     multiply-adds: a sixth of the tiny target's work per row) is mostly wasted on a CPU."""
 
     def __init__(self, hidden: torch.Tensor, head):
-        self.hidden, self.head, self._rows = hidden, head, {}  # hidden (q, H)
+        self.hidden, self.head, self._rows = hidden, head, {}  # hidden (R, H)
         self.shape = (hidden.shape[0], head.out_features)
 
     def __len__(self) -> int:
@@ -134,7 +134,7 @@ class RowLogits:
         return self._rows[row]
 
     def full(self) -> torch.Tensor:
-        return self.head(self.hidden)  # (q, V)
+        return self.head(self.hidden)  # (R, V)
 
 
 def lazy_head_ok(target) -> bool:
