@@ -26,8 +26,8 @@ Renderers: `dense` (bool (R, K), for drawing and checks) and `render` (the backe
 - "bool": the boolean mask itself (drawing and checks only).
 
 Simplifications: batch size 1 and one mask for every head; the dense renderer evaluates the whole (R, K) grid
-(build_forward of a 97-row tree over 500 cached keys: ~0.44 ms on the 2-core CPU, one thread, while a benchmark
-ran; about 2-3% of that forward's 17 ms).
+(build_forward of a 97-row tree over 500 cached keys: 0.24 ms on the 2-core CPU, one thread, about 1.4% of that
+forward's 17 ms; the old hand-built tree mask took 0.10-0.13 ms).
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from .draft_tree import DraftTree
 
@@ -73,13 +74,21 @@ def visible(sees: torch.Tensor, first_row: int, first_key: int, device=None) -> 
     keys outside the block are not seen. `device`: where the index tensors will live (the matrix moves there)."""
     rows, keys = sees.shape
     sees = sees.to(device) if device is not None else sees
+    table = sees.to(torch.uint8)  # for the row-gather fast path below
 
     def mask_mod(b, h, q_idx, kv_idx):
         q_idx, kv_idx = torch.as_tensor(q_idx), torch.as_tensor(kv_idx)
         row = (q_idx - first_row).clamp(0, rows - 1)
         col = (kv_idx - first_key).clamp(0, keys - 1)  # clamped: ignored outside the block
         inside = (kv_idx >= first_key) & (kv_idx < first_key + keys)
-        return inside & sees[row, col]
+        if row.dim() == 2 and row.shape[1] == 1 and col.dim() == 2 and col.shape[0] == 1:  # a dense (R, 1) x (1, K)
+            # grid (the `dense` renderer): two row gathers instead of a 2-D advanced index, ~3x faster on a CPU
+            # for a 97-row tree over 600 keys (0.06 vs 0.19 ms); the same values.
+            by_col = F.embedding(col[0], F.embedding(row[:, 0], table).T.contiguous())  # (K, R)
+            picked = by_col.T.contiguous().bool()  # (R, K)
+        else:
+            picked = sees[row, col]
+        return inside & picked
     return mask_mod
 
 
@@ -139,8 +148,8 @@ def render(mask_mod: MaskMod, q_len: int, kv_len: int, backend: str = "sdpa", dt
         return seen[None, None]
     if not dtype.is_floating_point:
         raise ValueError(f"an additive mask needs the model's float dtype, got {dtype}")
-    mask = torch.zeros(q_len, kv_len, dtype=dtype, device=device)
-    return mask.masked_fill_(~seen, torch.finfo(dtype).min)[None, None]  # (1, 1, R, K)
+    hidden = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=seen.device)
+    return torch.where(seen, torch.zeros((), dtype=dtype, device=seen.device), hidden)[None, None]  # (1, 1, R, K)
 
 
 # ---- the tree forward of notebooks 02-04 (root + nodes against a cache of prefix_len tokens) ----------
