@@ -12,7 +12,8 @@
 Everything per step that is not the proposer's is written here once: the depth cap (`budget`: the deepest
 draft that can still be emitted, so nothing unemittable is verified), the EOS / max_new_tokens cut of the
 emitted tokens (`Request.trim`, the KV of cut tokens is not kept), the per-step records (tree_size, depth,
-accepted, emitted, full, draft_us, verify_ms, update_us, plus the proposal's `info`), the totals, the debug
+accepted, emitted, full, draft_us (propose), verify_ms (forward, verdict and commit), update_us (observe), plus the
+proposal's `info`), the totals, the debug
 invariant (after every step the cache holds every committed token but the last), and `GenerationResult`.
 The prompt's prefill is the first step's forward (verify.build_forward puts prompt[:-1] before the root,
 causal), so every forward yields tokens: target_forwards == len(accept_lengths), sum == len(new_tokens).
@@ -82,10 +83,10 @@ def decode(req: Request, proposer: Proposer, debug: bool = False, lazy_head: boo
         proposal = proposer.propose(state, budget).capped(budget)
         t1 = time.perf_counter()
         verdict = verify(target, cache, proposal, state.committed, req.sampling, req.generator, lazy_head)
-        t2 = time.perf_counter()  # the verdict read tokens with .item(): the device is synchronised
         emitted = req.trim(state.tokens + verdict.tokens + [verdict.next_token])[len(state.tokens):]
         verdict.emitted = emitted
         commit(cache, verdict.prefix_len, verdict.accepted[:len(emitted) - 1])  # the last emitted is the next root
+        t2 = time.perf_counter()  # verify_ms: forward + verdict + commit (the verdict synchronised the device)
         state.tokens += emitted
         state.committed += emitted
         proposer.observe(state, verdict)

@@ -39,6 +39,23 @@ def test_mask_pieces_compose_into_the_first_step_layout():
     assert torch.equal(mask[:, 5:] == 0, masks.ancestor_matrix(tree.parents))
 
 
+def test_full_prefix_claims_hold():
+    """dense() skips the columns a piece says every row sees: those claims must be true of the mask_mod itself."""
+    tree = DraftTree(9, [2, 6, 5, 3], [-1, -1, 0, 2])
+    side = masks.visible(torch.tril(torch.ones(3, 3, dtype=torch.bool)), 8, 11)
+    mods = [masks.causal(3), masks.prefix(4), masks.tree(tree.parents, 2, 3),
+            masks.by_rows([(0, masks.causal(3)), (2, masks.tree(tree.parents, 2, 3)), (7, side)]),
+            masks.and_masks(masks.causal(3), masks.prefix(5)), masks.or_masks(masks.prefix(2), side)]
+    q_idx, kv_idx = torch.arange(10)[:, None], torch.arange(14)[None, :]
+    for mod in mods:
+        brute = torch.tensor([[bool(mod(0, 0, torch.tensor(q), torch.tensor(k))) for k in range(14)]
+                              for q in range(10)])  # one (row, key) at a time: the general (vmap-like) path
+        assert torch.equal(masks.dense(mod, 10, 14), brute)
+        assert torch.equal(torch.broadcast_to(mod(0, 0, q_idx, kv_idx), (10, 14)), brute)  # the grid fast path
+        assert brute[:, :masks.full_prefix(mod)].all()
+    assert [masks.full_prefix(m) for m in mods] == [4, 4, 5, 0, 4, 2]
+
+
 def test_by_rows_and_or_masks_are_pure_functions():
     mod = masks.by_rows([(0, masks.causal(2)), (3, masks.prefix(1))])
     grid = masks.dense(mod, 5, 7)

@@ -18,6 +18,10 @@ Pieces (each pure: indexes precomputed tensors, so it works on ints, broadcast i
 - `tree(parents, root_row, cached)`: the root and nodes see keys before the root and their ancestors;
 - `visible(sees, first_row, first_key)`: a block of rows seeing a block of keys through a bool matrix.
 Notation: R query rows, K keys (q is the draft distribution only, package docstring).
+Each piece also states `full_prefix`: how many leading keys EVERY row it covers sees (BlockMask's "full blocks"
+idea at key granularity: prefix(end) -> end, causal(cached) -> cached + 1, visible -> 0; or takes the max, and /
+by_rows the min). The dense renderer fills those columns without calling the mask_mod, so a tree step costs
+O(R * R), not O(R * (cached + R)).
 Renderers: `dense` (bool (R, K), for drawing and checks) and `render` (the backend's format):
 - "sdpa" and "eager": an ADDITIVE float mask (0 = see, finfo(dtype).min = hidden), (1, 1, R, K). A boolean 4D
   mask is right under sdpa but SILENTLY WRONG under eager (eager adds the mask to the scores: True adds +1),
@@ -42,6 +46,16 @@ from .draft_tree import DraftTree
 MaskMod = Callable  # (b, h, q_idx, kv_idx) -> bool tensor
 
 
+def _full_prefix(mask_mod: MaskMod, keys: int) -> MaskMod:
+    mask_mod.full_prefix = keys  # every row sees kv_idx < keys (see the module doc)
+    return mask_mod
+
+
+def full_prefix(mask_mod: MaskMod) -> int:
+    """How many leading keys every row of `mask_mod` sees (0 when it does not say)."""
+    return getattr(mask_mod, "full_prefix", 0)
+
+
 def ancestor_matrix(parents) -> torch.Tensor:
     """Bool (R, R), R = 1 + len(parents): [r, c] is True when row c is an ancestor of row r or r itself.
 
@@ -59,14 +73,14 @@ def causal(cached: int = 0) -> MaskMod:
     """Row r sees every key up to its own (kv index cached + r): plain decoding, and the prompt's prefill."""
     def mask_mod(b, h, q_idx, kv_idx):
         return torch.as_tensor(kv_idx) <= torch.as_tensor(q_idx) + cached
-    return mask_mod
+    return _full_prefix(mask_mod, cached + 1)
 
 
 def prefix(end: int) -> MaskMod:
     """Every row sees the keys before `end` (the committed text)."""
     def mask_mod(b, h, q_idx, kv_idx):
         return torch.as_tensor(kv_idx) < end
-    return mask_mod
+    return _full_prefix(mask_mod, end)
 
 
 def visible(sees: torch.Tensor, first_row: int, first_key: int, device=None) -> MaskMod:
@@ -104,7 +118,7 @@ def and_masks(*mods: MaskMod) -> MaskMod:
         for mod in mods[1:]:
             out = out & mod(b, h, q_idx, kv_idx)
         return out
-    return mask_mod
+    return _full_prefix(mask_mod, min(map(full_prefix, mods)))
 
 
 def or_masks(*mods: MaskMod) -> MaskMod:
@@ -113,7 +127,7 @@ def or_masks(*mods: MaskMod) -> MaskMod:
         for mod in mods[1:]:
             out = out | mod(b, h, q_idx, kv_idx)
         return out
-    return mask_mod
+    return _full_prefix(mask_mod, max(map(full_prefix, mods)))
 
 
 def by_rows(segments: Sequence[tuple[int, MaskMod]]) -> MaskMod:
@@ -124,14 +138,24 @@ def by_rows(segments: Sequence[tuple[int, MaskMod]]) -> MaskMod:
         for start, mod in segments[1:]:
             out = torch.where(q_idx >= start, mod(b, h, q_idx, kv_idx), out)
         return out
-    return mask_mod
+    return _full_prefix(mask_mod, min(full_prefix(mod) for _, mod in segments))
+
+
+def _evaluate(mask_mod: MaskMod, q_len: int, kv_len: int, device=None) -> tuple[int, torch.Tensor]:
+    """(full, rest): every row sees the first `full` keys; rest = the mask_mod on keys full.. , bool (R, K - full)."""
+    full = min(full_prefix(mask_mod), kv_len)
+    q_idx = torch.arange(q_len, device=device)[:, None]  # (R, 1)
+    kv_idx = torch.arange(full, kv_len, device=device)[None, :]  # (1, K - full)
+    return full, torch.broadcast_to(mask_mod(0, 0, q_idx, kv_idx), (q_len, kv_len - full)).to(device)
 
 
 def dense(mask_mod: MaskMod, q_len: int, kv_len: int, device=None) -> torch.Tensor:
-    """The mask as a bool (q_len, kv_len) = (R, K) tensor: the mask_mod evaluated on the whole index grid."""
-    q_idx = torch.arange(q_len, device=device)[:, None]  # (R, 1)
-    kv_idx = torch.arange(kv_len, device=device)[None, :]  # (1, kv)
-    return torch.broadcast_to(mask_mod(0, 0, q_idx, kv_idx), (q_len, kv_len)).to(device)
+    """The mask as a bool (q_len, kv_len) = (R, K) tensor: the mask_mod evaluated on the index grid, except the
+    leading `full_prefix(mask_mod)` keys, which every row sees."""
+    full, rest = _evaluate(mask_mod, q_len, kv_len, device)
+    if not full:
+        return rest
+    return torch.cat([torch.ones(q_len, full, dtype=torch.bool, device=device), rest], dim=1)  # (R, K)
 
 
 def render(mask_mod: MaskMod, q_len: int, kv_len: int, backend: str = "sdpa", dtype=torch.float32, device=None):
@@ -143,13 +167,14 @@ def render(mask_mod: MaskMod, q_len: int, kv_len: int, backend: str = "sdpa", dt
     if backend not in ("sdpa", "eager", "bool"):
         raise ValueError(f"unknown attention backend {backend!r}: use 'sdpa', 'eager', 'flex_attention' "
                          f"or 'bool' (drawing only)")
-    seen = dense(mask_mod, q_len, kv_len, device)  # (R, K)
     if backend == "bool":
-        return seen[None, None]
+        return dense(mask_mod, q_len, kv_len, device)[None, None]
     if not dtype.is_floating_point:
         raise ValueError(f"an additive mask needs the model's float dtype, got {dtype}")
-    hidden = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=seen.device)
-    return torch.where(seen, torch.zeros((), dtype=dtype, device=seen.device), hidden)[None, None]  # (1, 1, R, K)
+    full, rest = _evaluate(mask_mod, q_len, kv_len, device)  # rest: (R, K - full)
+    mask = torch.zeros(q_len, kv_len, dtype=dtype, device=device)  # the full columns stay 0 (seen)
+    mask[:, full:].masked_fill_(~rest, torch.finfo(dtype).min)
+    return mask[None, None]  # (1, 1, R, K)
 
 
 # ---- the tree forward of notebooks 02-04 (root + nodes against a cache of prefix_len tokens) ----------

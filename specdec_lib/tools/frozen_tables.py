@@ -173,7 +173,7 @@ def resolve_frozen(frozen, target, ll: int, fl: int, lc: int, fc: int, tokenizer
             _WARNED = True
             warnings.warn(f"cacheback: no usable frozen table ({reason}); running with the dynamic table alone "
                           f"(warned once per process; frozen=\"build\" with tokenizer= builds one)",
-                          NoFrozenTableWarning, stacklevel=4)
+                          NoFrozenTableWarning, stacklevel=6)  # the caller of generate()
         return None
     if isinstance(frozen, (str, Path)):
         frozen = _load_frozen(Path(frozen), lc, fc, tokenizer)

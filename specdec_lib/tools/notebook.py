@@ -1,9 +1,8 @@
-"""What every notebook's first cells need, written once: the versions banner, figure saving, visible tokens.
+"""What every notebook's first cells need, written once: the versions banner and figure saving.
 
     from specdec_lib.tools import notebook
     notebook.banner()                          # torch / transformers / specdec_lib versions and the device
     save = notebook.figure_saver(FIGURES_DIR)  # save(fig, "name") -> fig, also written to FIGURES_DIR/name.html
-    notebook.visible(pair.decode(tokens))      # spaces as "·", newlines as "↵": tokens you can count
 
 Simplifications: figures are saved as HTML with plotly.js from a CDN (small files; they need internet to open).
 """
@@ -37,7 +36,3 @@ def figure_saver(folder):
         return fig
     return save
 
-
-def visible(text: str) -> str:
-    """Text with its whitespace made visible: spaces as "·", newlines as "↵"."""
-    return text.replace(" ", "·").replace("\n", "↵")
