@@ -32,7 +32,8 @@ def test_mask_pieces_compose_into_the_first_step_layout():
                              [1, 1, 1, 1, 0, 1]], dtype=torch.bool)  # n2
     assert torch.equal(inputs["attention_mask"][0, 0], expected)
     plain, _ = build_forward(Proposal(DraftTree(9)), [4, 7, 9], cached=0)
-    assert "attention_mask" not in plain  # a plain causal step: transformers builds its own mask
+    assert "attention_mask" not in plain and "position_ids" not in plain  # a plain causal step: transformers'
+    # own positions (cached..) and causal mask are exactly these
     later, _ = build_forward(Proposal(tree), [9], cached=5, backend="sdpa", dtype=torch.float64)
     mask = later["attention_mask"][0, 0]  # (4, 9): every row sees the 5 cached keys
     assert mask.shape == (4, 9) and (mask[:, :5] == 0).all()
