@@ -96,6 +96,7 @@ def decode(req: Request, proposer: Proposer, debug: bool = False, lazy_head: boo
         steps.append(dict(tree_size=len(tree), depth=tree.max_depth, accepted=len(verdict.accepted),
                           emitted=len(emitted), full=verdict.full, draft_us=(t1 - t0) * 1e6,
                           verify_ms=(t2 - t1) * 1e3, update_us=(t3 - t2) * 1e6, **proposal.info))
+        del proposal, verdict  # free this forward's hidden states before the next forward allocates its own
         if debug:
             length = kv_cache.cache_length(cache)
             if length != len(state.committed) - 1 or state.committed[req.prompt_length:] != state.tokens:
