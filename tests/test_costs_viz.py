@@ -53,16 +53,16 @@ def test_expected_speedup():
 
 
 def test_forward_cost_on_tiny_target(tiny_pair):
-    df = costs.forward_cost(tiny_pair.target, q_values=(8, 1), prefix=16, repeats=2, warmup=1, name="target")
-    assert df["q"].tolist() == [1, 8]
+    df = costs.forward_cost(tiny_pair.target, rows=(8, 1), prefix=16, repeats=2, warmup=1, name="target")
+    assert df["rows"].tolist() == [1, 8]
     assert (df["median_ms"] > 0).all() and (df["min_ms"] <= df["median_ms"]).all()
     assert (df["model"] == "target").all() and (df["prefix"] == 16).all()
-    np.testing.assert_allclose(df["ms_per_token"], df["median_ms"] / df["q"])
+    np.testing.assert_allclose(df["ms_per_token"], df["median_ms"] / df["rows"])
     assert df["relative"].iloc[0] == pytest.approx(1.0)
-    v = costs.verify_overhead(df, "target", gamma=7)  # q = 8 over q = 1
+    v = costs.verify_overhead(df, "target", gamma=7)  # 8 rows over 1 row
     assert v == pytest.approx(df["median_ms"].iloc[1] / df["median_ms"].iloc[0])
     with pytest.raises(ValueError):
-        costs.forward_cost(tiny_pair.target, q_values=(64,), prefix=1000)  # past the 1024-token context
+        costs.forward_cost(tiny_pair.target, rows=(64,), prefix=1000)  # past the 1024-token context
 
 
 def test_measured_agreement(tiny_pair):
@@ -77,7 +77,7 @@ def test_measured_agreement(tiny_pair):
 
 
 def test_cost_curve_figure_traces_match_table():
-    df = pd.DataFrame(dict(model=["target"] * 3 + ["draft"] * 3, device="cpu", prefix=256, q=[1, 4, 16] * 2,
+    df = pd.DataFrame(dict(model=["target"] * 3 + ["draft"] * 3, device="cpu", prefix=256, rows=[1, 4, 16] * 2,
                            median_ms=[5.0, 5.5, 8.0, 1.0, 1.1, 1.5]))
     fig = viz.cost_curve_figure(df)
     assert isinstance(fig, go.Figure)

@@ -1,7 +1,7 @@
 """Why speculative decoding can pay: what one forward costs, and the expected-speedup arithmetic.
 
-- `forward_cost(model, q_values, prefix)`: median milliseconds of ONE forward that feeds q new query tokens
-  on top of a cached prefix of `prefix` tokens. On small batches the cost barely grows with q at first (the
+- `forward_cost(model, rows, prefix)`: median milliseconds of ONE forward that feeds R new query rows (tokens)
+  on top of a cached prefix of `prefix` tokens. On small batches the cost barely grows with R at first (the
   weights are read once per forward either way), which is what lets a target verify several drafted tokens
   for about the price of one.
 - `expected_tokens_per_step(alpha, gamma)`: with per-token acceptance alpha (i.i.d., Leviathan et al. 2023)
@@ -30,35 +30,35 @@ import torch
 from ..mechanisms.kv_cache import new_cache, rollback
 from ..models import synchronize, vocab_size
 
-DEFAULT_Q = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_ROWS = (1, 2, 4, 8, 16, 32, 64)  # query rows per timed forward (q is the draft distribution only)
 
 
-def forward_cost(model, q_values=DEFAULT_Q, prefix: int = 256, repeats: int = 15, warmup: int = 3,
+def forward_cost(model, rows=DEFAULT_ROWS, prefix: int = 256, repeats: int = 15, warmup: int = 3,
                  name: str | None = None, seed: int = 0) -> pd.DataFrame:
-    """Median ms of one forward with q query tokens over a cached prefix of `prefix` tokens.
+    """Median ms of one forward with R query rows (tokens) over a cached prefix of `prefix` tokens.
 
     The cache is prefilled once; after every timed forward it is rolled back to `prefix` tokens, so each
-    measurement sees the same state. Returns one row per q: model, device, prefix, q, median_ms, min_ms,
-    ms_per_token (median_ms / q), relative (median_ms / median_ms at the smallest q).
+    measurement sees the same state. Returns one line per R: model, device, prefix, rows, median_ms, min_ms,
+    ms_per_token (median_ms / rows), relative (median_ms / median_ms at the fewest rows).
     """
-    q_values = sorted(int(q) for q in q_values)
-    if not q_values or q_values[0] < 1:
-        raise ValueError(f"q_values must be positive ints, got {q_values}")
+    rows = sorted(int(r) for r in rows)
+    if not rows or rows[0] < 1:
+        raise ValueError(f"rows must be positive ints, got {rows}")
     if prefix < 1 or repeats < 1 or warmup < 0:
         raise ValueError(f"need prefix >= 1, repeats >= 1, warmup >= 0; got {prefix}, {repeats}, {warmup}")
     limit = getattr(model.config, "max_position_embeddings", None)
-    if limit is not None and prefix + q_values[-1] > limit:
-        raise ValueError(f"prefix {prefix} + q {q_values[-1]} exceeds the model's context of {limit}")
+    if limit is not None and prefix + rows[-1] > limit:
+        raise ValueError(f"prefix {prefix} + {rows[-1]} rows exceeds the model's context of {limit}")
     device = next(model.parameters()).device
     vocab = vocab_size(model)
     generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, vocab, (1, prefix + q_values[-1]), generator=generator).to(device)  # (1, P + Qmax)
-    rows = []
+    ids = torch.randint(1, vocab, (1, prefix + rows[-1]), generator=generator).to(device)  # (1, P + Rmax)
+    records = []
     with torch.inference_mode():
         cache = new_cache(model)
         model(input_ids=ids[:, :prefix], past_key_values=cache, use_cache=True)
-        for q in q_values:
-            step = ids[:, prefix: prefix + q]  # (1, q)
+        for r in rows:
+            step = ids[:, prefix: prefix + r]  # (1, R)
             times = []
             for i in range(warmup + repeats):
                 synchronize(device)
@@ -68,22 +68,22 @@ def forward_cost(model, q_values=DEFAULT_Q, prefix: int = 256, repeats: int = 15
                 if i >= warmup:
                     times.append((time.perf_counter() - start) * 1000)
                 rollback(cache, prefix)
-            rows.append(dict(model=name or type(model).__name__, device=str(device), prefix=prefix, q=q,
-                             median_ms=statistics.median(times), min_ms=min(times)))
-    df = pd.DataFrame(rows)
-    df["ms_per_token"] = df["median_ms"] / df["q"]
+            records.append(dict(model=name or type(model).__name__, device=str(device), prefix=prefix, rows=r,
+                                median_ms=statistics.median(times), min_ms=min(times)))
+    df = pd.DataFrame(records)
+    df["ms_per_token"] = df["median_ms"] / df["rows"]
     df["relative"] = df["median_ms"] / df["median_ms"].iloc[0]
     return df
 
 
 def verify_overhead(costs: pd.DataFrame, model: str, gamma: int) -> float:
     """Cost of a (gamma + 1)-token forward relative to a 1-token one, from a `forward_cost` table
-    (linear interpolation in q between measured points)."""
-    rows = costs[costs["model"] == model].sort_values("q")
+    (linear interpolation in rows between measured points)."""
+    rows = costs[costs["model"] == model].sort_values("rows")
     if rows.empty:
         raise ValueError(f"no rows for model {model!r}; models: {sorted(costs['model'].unique())}")
-    one = float(np.interp(1, rows["q"], rows["median_ms"]))
-    return float(np.interp(gamma + 1, rows["q"], rows["median_ms"])) / one
+    one = float(np.interp(1, rows["rows"], rows["median_ms"]))
+    return float(np.interp(gamma + 1, rows["rows"], rows["median_ms"])) / one
 
 
 def expected_tokens_per_step(alpha, gamma):

@@ -3,7 +3,7 @@
     python -m specdec_lib.tools.model_card --models data/models
 
 It reads what training recorded (`training.json`: settings, steps, held-out metrics) and measures, on the
-machine it runs on, the cost of one forward of each model (q = 1 and q = 32 query tokens over a 256-token
+machine it runs on, the cost of one forward of each model (1 and 32 query rows over a 256-token
 cached prefix) and two greedy continuations of held-out code. Run it on the CPU the card speaks of.
 """
 from __future__ import annotations
@@ -35,8 +35,8 @@ def build_card(models_dir: Path = TINY_DIR, threads: int | None = None) -> str:
     pair = load_models((models_dir / "target", models_dir / "draft"), device="cpu", dtype=torch.float32)
     costs = {}
     for name, model in (("target", pair.target), ("draft", pair.draft)):
-        df = forward_cost(model, q_values=(1, 32), prefix=256, repeats=30, warmup=5, name=name)
-        costs[name] = dict(zip(df["q"], df["median_ms"]))
+        df = forward_cost(model, rows=(1, 32), prefix=256, repeats=30, warmup=5, name=name)
+        costs[name] = dict(zip(df["rows"], df["median_ms"]))
     samples = []
     for prompt in SAMPLE_PROMPTS:
         result = generate("autoregressive", pair.target, pair.encode(prompt), 48)
@@ -64,12 +64,12 @@ def build_card(models_dir: Path = TINY_DIR, threads: int | None = None) -> str:
         f"| training time ({info['device_name']}) | {info['target_minutes']:.1f} min | {info['draft_minutes']:.1f} min |",
         f"| held-out loss (nats/token) | {h['target_loss']:.3f} | {h['draft_loss']:.3f} |",
         f"| held-out next-token accuracy | {h['target_acc']:.3f} | {h['draft_acc']:.3f} |",
-        f"| one forward, q=1 (ms, this CPU) | {costs['target'][1]:.2f} | {costs['draft'][1]:.2f} |",
-        f"| one forward, q=32 (ms, this CPU) | {costs['target'][32]:.2f} | {costs['draft'][32]:.2f} |",
+        f"| one forward, 1 row (ms, this CPU) | {costs['target'][1]:.2f} | {costs['draft'][1]:.2f} |",
+        f"| one forward, 32 rows (ms, this CPU) | {costs['target'][32]:.2f} | {costs['draft'][32]:.2f} |",
         "",
         f"- Top-1 agreement of draft with target on the held-out split: **{h['agreement']:.3f}** "
         f"({h['tokens']:,} tokens).",
-        f"- Cost ratio draft/target at q=1 on this CPU: **{costs['draft'][1] / costs['target'][1]:.3f}** "
+        f"- Cost ratio draft/target at 1 row on this CPU: **{costs['draft'][1] / costs['target'][1]:.3f}** "
         f"(the target costs {costs['target'][1] / costs['draft'][1]:.1f}x the draft).",
         f"- Vocabulary {t_cfg.vocab_size} (byte-level BPE, `<|endoftext|>` = id {pair.tokenizer.eos_token_id}, "
         f"also padding), context {t_cfg.max_position_embeddings} tokens.",

@@ -1,12 +1,12 @@
 """What a forward costs and what speculation can gain (notebooks 00-02): timing curves and expected speedups.
 
-- `cost_curve_figure(costs)`: ms of one forward vs q (query tokens), one line per model (and device), log-x.
+- `cost_curve_figure(costs)`: ms of one forward vs its query rows R, one line per model (and device), log-x.
 - `speedup_surface_figure(alphas, gammas, cost_ratio)`: heatmap of the expected speedup (Leviathan et al.),
   with the break-even contour.
 - `speedup_explorer(cost_ratio)`: sliders for alpha, gamma, cost ratio and verify overhead over the
   speedup-vs-gamma curve.
 - `cost_figure(df, x, y, color)`: any timing against a parameter, one line per `color` group (table
-  operations against capacity, mask building against q, ...).
+  operations against capacity, mask building against rows, ...).
 
 The numbers come from `specdec_lib.bench.costs` (`forward_cost`, `expected_speedup`); this module only draws.
 """
@@ -20,20 +20,20 @@ from .common import render
 
 
 def cost_curve_figure(costs, y: str = "median_ms") -> go.Figure:
-    """ms per forward vs q from `costs.forward_cost` rows (several models/devices concatenated)."""
+    """ms per forward vs query rows from `costs.forward_cost` tables (several models/devices concatenated)."""
     fig = go.Figure()
     multi_device = "device" in costs and costs["device"].nunique() > 1
     keys = ["model", "device"] if multi_device else ["model"]
-    for key, rows in costs.groupby(keys, sort=False):
+    for key, part in costs.groupby(keys, sort=False):
         key = key if isinstance(key, tuple) else (key,)
-        rows = rows.sort_values("q")
-        fig.add_trace(go.Scatter(x=rows["q"].tolist(), y=rows[y].tolist(), mode="lines+markers",
+        part = part.sort_values("rows")
+        fig.add_trace(go.Scatter(x=part["rows"].tolist(), y=part[y].tolist(), mode="lines+markers",
                                  name=" on ".join(str(k) for k in key),
-                                 hovertemplate="q=%{x}<br>%{y:.2f} ms<extra></extra>"))
+                                 hovertemplate="%{x} rows<br>%{y:.2f} ms<extra></extra>"))
     prefix = f" over a cached prefix of {int(costs['prefix'].iloc[0])} tokens" if "prefix" in costs else ""
-    fig.update_layout(title=f"Cost of one forward vs query tokens q{prefix}",
-                      xaxis_title="q (new tokens in the forward)", yaxis_title="ms per forward (median)", template="plotly_white", legend_title="model")
-    fig.update_xaxes(type="log", tickvals=sorted(costs["q"].unique().tolist()))
+    fig.update_layout(title=f"Cost of one forward vs its query rows{prefix}",
+                      xaxis_title="query rows (new tokens in the forward)", yaxis_title="ms per forward (median)", template="plotly_white", legend_title="model")
+    fig.update_xaxes(type="log", tickvals=sorted(costs["rows"].unique().tolist()))
     return fig
 
 

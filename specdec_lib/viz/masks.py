@@ -1,6 +1,6 @@
 """Attention masks (notebooks 02 and 04): which query row may attend to which key column, as a heatmap.
 
-- `mask_figure(mask, labels)`: a boolean mask (q, k), or a (1, 1, q, k) one as `mechanisms.masks` builds it,
+- `mask_figure(mask, labels)`: a boolean mask (R, K), or a (1, 1, R, K) one as `mechanisms.masks` builds it,
   drawn with z = 1 where a row may attend; token labels on the axes when it is small enough to read.
 - `mask_labels(tree, decode)`: the row labels of a tree mask, "root" then each node's token, in the order
   `mechanisms.masks` lays the rows out (the root first, then the nodes in index order).
@@ -25,7 +25,7 @@ def mask_labels(tree, decode: Callable | None = None) -> list[str]:
 
 def mask_figure(mask_bool, labels: Sequence[str] | None = None, col_labels: Sequence[str] | None = None,
                 max_labels: int = 40, title: str | None = None) -> go.Figure:
-    """A boolean attention mask (q, k) (a (1, 1, q, k) one is squeezed) as a heatmap: z = 1 where a row
+    """A boolean attention mask (R, K) (a (1, 1, R, K) one is squeezed) as a heatmap: z = 1 where a row
     (query) may attend to a column (key). Tick labels are drawn only when there are at most `max_labels`;
     `labels` name the rows, and the columns too when the mask is square (a tree mask with no prefix)."""
     mask = np.asarray(mask_bool.detach().cpu() if hasattr(mask_bool, "detach") else mask_bool, dtype=bool)
