@@ -13,8 +13,6 @@ alpha = 1e-3 over the choice of seeds.
 """
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
@@ -22,7 +20,6 @@ from specdec_lib import METHODS, generate
 from specdec_lib.bench.lossless import lossless_check
 from specdec_lib.mechanisms import verify
 from specdec_lib.mechanisms.ngram_table import NgramTable
-from specdec_lib.tools.frozen_tables import NoFrozenTableWarning
 
 from conftest import SHIPPED_PROMPTS, random_lm, repeating_prompt
 

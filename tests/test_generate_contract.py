@@ -12,7 +12,7 @@ import specdec_lib
 from specdec_lib import METHODS, generate
 from specdec_lib.methods.peers import accept_lengths_from_starts
 
-from conftest import SHIPPED_PROMPTS, random_lm, repeating_prompt
+from conftest import random_lm, repeating_prompt
 
 GREEDY_METHODS = [m for m in sorted(METHODS) if m != "hf"]
 

@@ -4,4 +4,6 @@ and the expected-speedup model, and the statistical lossless check.
     from specdec_lib import bench
     runs = bench.run_bench(pair, "code", ["hf", "cacheback"]); bench.summarize(runs)
 """
-from .harness import SUITES, load_suite, machine_info, main, parse_variant, run_bench, summarize  # noqa: F401
+from .harness import SUITES, load_suite, machine_info, main, parse_variant, run_bench, summarize
+
+__all__ = ["SUITES", "load_suite", "machine_info", "main", "parse_variant", "run_bench", "summarize"]
