@@ -165,8 +165,7 @@ def generate(method: str, target, input_ids, max_new_tokens: int, *, draft=None,
     if int(ids.max()) >= vocab or int(ids.min()) < 0:
         raise ValueError(f"input_ids hold token ids outside the target's vocabulary of {vocab}")
     if eos_token_id is not None:
-        if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, int):
-            raise TypeError(f"eos_token_id must be an int or None, got {eos_token_id!r}")
+        check_int("eos_token_id", eos_token_id)
         if not 0 <= eos_token_id < vocab:
             raise ValueError(f"eos_token_id {eos_token_id} is outside the target's vocabulary of {vocab}")
     if spec.needs_draft:

@@ -90,9 +90,11 @@ def _draft_tokenizer(source: str, offline: bool):
 def check_same_tokenizer(target_tokenizer, draft_tokenizer) -> None:
     """A clear error when both tokenizers are known and map strings to ids differently (at any vocabulary size:
     two tokenizers of equal size but other merges would make every draft token mean something else)."""
-    if draft_tokenizer is None or target_tokenizer.get_vocab() == draft_tokenizer.get_vocab():
+    if draft_tokenizer is None:
         return
     a, b = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if a == b:
+        return
     differ = sorted(set(a.items()) ^ set(b.items()), key=lambda kv: kv[1])[:3]
     raise ValueError(f"draft and target tokenizers differ ({len(a)} and {len(b)} tokens; e.g. "
                      f"{', '.join(f'{k!r}->{v}' for k, v in differ)}): speculative decoding compares token ids, so "

@@ -165,6 +165,15 @@ def build_forward(proposal: Proposal, pending: list[int], cached: int, backend: 
     return inputs, 1 + n + s
 
 
+def forward_proposal(target, cache, proposal: Proposal, pending: list[int], lazy: bool = True):
+    """build_forward for this target (its attention backend, dtype and device) and run_forward: the rows of
+    root, nodes and side rows, (1 + n + S, V) or RowLogits."""
+    param = next(target.parameters())
+    inputs, keep = build_forward(proposal, pending, kv_cache.cache_length(cache), attention_backend(target),
+                                 param.dtype, param.device)
+    return run_forward(target, cache, inputs, keep, lazy)
+
+
 def run_forward(target, cache, inputs: dict, keep: int, lazy: bool = True):
     """The target's last `keep` rows: RowLogits when lazy (and lazy_head_ok), else logits (keep, V)."""
     if lazy and lazy_head_ok(target):
@@ -228,9 +237,7 @@ def verify(target, cache, proposal: Proposal, committed: list[int], sampling: Sa
                          f"must be the last committed token (the cache must not hold it yet)")
     if proposal.q is not None and len(tree.leaves()) > 1:
         raise ValueError("q-based verification takes a chain (one branch); a sampled tree needs another rule")
-    param = next(target.parameters())
-    inputs, keep = build_forward(proposal, pending, cached, attention_backend(target), param.dtype, param.device)
-    rows = run_forward(target, cache, inputs, keep, lazy)
+    rows = forward_proposal(target, cache, proposal, pending, lazy)
     n, side_logits = len(tree), None
     if proposal.side is not None and len(proposal.side):
         side_logits = rows.head(rows.hidden[n + 1:]) if isinstance(rows, RowLogits) else rows[n + 1:]  # (S, V)
@@ -259,10 +266,7 @@ def tree_logits(target, cache, tree: DraftTree, prefix_len: int, lazy: bool = Fa
     if kv_cache.cache_length(cache) != prefix_len:
         raise ValueError(f"the cache holds {kv_cache.cache_length(cache)} tokens, expected prefix_len="
                          f"{prefix_len} (the root must not be in the cache yet)")
-    param = next(target.parameters())
-    inputs, keep = build_forward(Proposal(tree), [tree.root], prefix_len, attention_backend(target), param.dtype,
-                                 param.device)
-    return run_forward(target, cache, inputs, keep, lazy)
+    return forward_proposal(target, cache, Proposal(tree), [tree.root], lazy)
 
 
 class TreeVerdict(NamedTuple):

@@ -61,8 +61,6 @@ class Cacheback(Proposer):
                 raise TypeError(f"{name} must be True or False, got {value!r}")
         if not dynamic and frozen is False:
             raise ValueError("dynamic=False and frozen=False leave no table to draft from")
-        if isinstance(frozen, str) and frozen == "build" and tokenizer is None:
-            raise ValueError('frozen="build" needs tokenizer= (the table is counted from text with it)')
         self.config = dict(ll=ll, fl=fl, lc=lc, fc=fc, tdl=tdl, crt=crt, merge=merge, dynamic=dynamic)
         self.frozen_spec, self.tokenizer = frozen, tokenizer
 
