@@ -53,7 +53,8 @@ def steps_figure(result, title: str | None = None) -> go.Figure:
                              marker=dict(color="crimson", size=7), line=dict(width=1)), secondary_y=True)
     fig.update_xaxes(title_text="decoding step (one target forward)")
     fig.update_yaxes(title_text="draft nodes", rangemode="tozero", secondary_y=False)
-    fig.update_yaxes(title_text="tokens gained", rangemode="tozero", secondary_y=True)
+    # whole tokens on their own grid (plotly would otherwise align this axis to the bars' ticks: 0.539, 1.078...)
+    fig.update_yaxes(title_text="tokens gained", rangemode="tozero", dtick=1, showgrid=False, secondary_y=True)
     fig.update_layout(template="plotly_white", legend=dict(orientation="h", y=1.1),
                       title=title or f"{len(steps)} steps, MAT {result.mean_accepted:.2f}")
     return fig
