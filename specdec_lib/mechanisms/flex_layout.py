@@ -1,0 +1,403 @@
+"""FAFO's KV layout: the compressed KV kept physically contiguous, read through ONE static FlexAttention BlockMask.
+
+FAFO paper §4.4 ("Physically Contiguous, Logically Sparse": KV layout = [C(kv) || R(kv)], a static block mask
+that loads only the first B_fixed blocks), Appendix H (between steps, swap newly selected entries into the
+fixed blocks and expired ones out to the tail) and Appendix E (one forward mixes rows that see C(kv) only with
+rows that see the full KV).
+
+`FlexLayoutStore` is a transformers `Cache` for the target: per layer one preallocated key/value buffer of
+`capacity` slots (a multiple of `block`, 128 by default), and `slot_pos`, the logical position of every slot.
+Keys are stored rotated at their logical positions, so moving an entry between slots is a plain copy. Slots:
+
+    [0, compressed)            C's selection (the "fixed region": at most B_fixed = ceil(budget / block) blocks)
+    [compressed, length)       every other committed entry (the tail: logically kept, physically skipped)
+    [base, base + R)           the rows of the forward in flight (base = length when `prepare` was called)
+
+One forward: `mask = store.prepare(positions, sees, compressed_rows)`, then
+`model(ids, position_ids=..., past_key_values=store, attention_mask=mask)`. `sees` (R, R) says which rows of
+the forward each row sees (causal for a prompt, ancestors for a tree, a stream for fumble rows); a row flagged
+in `compressed_rows` sees the committed entries in the fixed region only, the others see every committed entry.
+The mask_mod is composed from the pure pieces below; the BlockMask is built ONCE per row count R
+(`BlockMask.from_kv_blocks`, no `create_block_mask`): each step writes a few block counts and indices in place
+and the tensors the mask_mod reads (base, compressed), so compiled flex never recompiles. A query block whose
+rows are all compressed loads the fixed blocks and the block(s) of the forward's own rows; any other loads every
+valid block.
+
+Between steps (`compress`, run by the next `prepare`): C picks the entries to keep; those outside the fixed
+region swap places with unselected ones inside it (one batched index copy for all layers, no loop over tokens).
+With StreamingLLM in steady state that is one swap per step: the new token in, the expired one out.
+
+Simplifications: batch size 1; one layout for every layer and head (C selects once per step); rollback only of
+the rows of the last forward (what the decoding loop needs: committed entries are not in logical order).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from ..checks import check_int
+from . import masks
+from .compression import CacheView, Compression, StreamingLLM
+
+BLOCK = 128
+ATTENTION_NAME = "specdec_flex_layout"
+
+
+# ---- mask_mod pieces (pure: they index tensors the store updates in place) -----------------------------
+
+def below(end: torch.Tensor) -> masks.MaskMod:
+    """Keys at slots < end (a 0-d tensor): every committed entry (end = base) or the fixed region (compressed)."""
+    def mask_mod(b, h, q_idx, kv_idx):
+        return kv_idx < end
+    return mask_mod
+
+
+def rows_where(flag: torch.Tensor, when_true: masks.MaskMod, when_false: masks.MaskMod) -> masks.MaskMod:
+    """Row q uses `when_true` where flag[q] (a bool (R,) tensor), else `when_false`."""
+    def mask_mod(b, h, q_idx, kv_idx):
+        return torch.where(flag[q_idx], when_true(b, h, q_idx, kv_idx), when_false(b, h, q_idx, kv_idx))
+    return mask_mod
+
+
+def own_rows(sees: torch.Tensor, base: torch.Tensor) -> masks.MaskMod:
+    """The forward's own rows: key base + j is seen by row q where sees[q, j] (bool (R, R))."""
+    rows = sees.shape[0]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        j = kv_idx - base
+        return (j >= 0) & (j < rows) & sees[q_idx, j.clamp(0, rows - 1)]
+    return mask_mod
+
+
+@dataclass
+class _Forward:
+    """The static mask of forwards with R rows and the tensors its mask_mod reads."""
+    sees: torch.Tensor  # bool (R, R)
+    compressed_rows: torch.Tensor  # bool (R,)
+    block_mask: object  # BlockMask, seq_lengths (R, capacity)
+    tail_written: list  # per query block: True when its kv_indices hold the fixed blocks + own-row blocks
+
+
+@dataclass
+class LayoutSnapshot:
+    """The physical layout at one moment, for drawing: slot s holds logical position positions[s] (-1: empty)."""
+    positions: np.ndarray  # (capacity,)
+    length: int
+    compressed: int
+    block: int
+    fixed_blocks: int
+
+
+class FlexLayoutStore(Cache):
+    """The target's KV cache in FAFO's layout (see the module doc); a transformers Cache.
+
+    capacity: slots per layer (a multiple of `block`); compression: C (StreamingLLM() by default); block: KV
+    block size of the BlockMask (128, FlexAttention's default); q_block: query block size; attention: how the
+    attention function runs the mask (see `ATTENTION_MODES`; "auto": "compiled" on a GPU, "dense" on a CPU)."""
+
+    def __init__(self, model, capacity: int, compression: Compression | None = None, block: int = BLOCK,
+                 q_block: int = 128, attention: str = "auto"):
+        check_int("block", block, 1)
+        check_int("capacity", capacity, block)
+        if capacity % block:
+            raise ValueError(f"block={block} does not divide capacity={capacity}: the buffer is whole blocks")
+        self.compression = compression if compression is not None else StreamingLLM()
+        if not isinstance(self.compression, Compression):
+            raise TypeError(f"compression must be a Compression, got {type(compression).__name__}")
+        budget = self.compression.budget
+        check_int("compression budget", budget, 1)
+        if budget > capacity:
+            raise ValueError(f"the compression keeps up to {budget} entries, more than capacity={capacity}")
+        cfg = model.config
+        self.layers_n = cfg.num_hidden_layers
+        heads = cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        param = next(model.parameters())
+        shape = (self.layers_n, kv_heads, capacity, head_dim)
+        self.keys = torch.zeros(shape, dtype=param.dtype, device=param.device)  # every layer in one buffer: a
+        self.values = torch.zeros_like(self.keys)  # swap is one index copy for all layers
+        self.slot_pos = torch.full((capacity,), -1, dtype=torch.long, device=param.device)
+        self.queries = (torch.zeros(self.layers_n, heads, head_dim, dtype=param.dtype, device=param.device)
+                        if self.compression.needs_queries else None)
+        if attention == "auto":
+            attention = "compiled" if param.device.type == "cuda" else "dense"
+        if attention not in ATTENTION_MODES:
+            raise ValueError(f"attention must be 'auto' or one of {sorted(ATTENTION_MODES)}, got {attention!r}")
+        self.capacity, self.block, self.q_block, self.attention = capacity, block, q_block, attention
+        self._dense_mask = None  # "dense" mode: the mask of the forward in flight, rendered once for every layer
+        self.fixed_blocks = -(-budget // block)  # B_fixed
+        self.length = self.compressed = self._base = self._rows = 0
+        self._queried = False
+        self._dirty = False  # entries changed since the last compress
+        self.base_t = torch.zeros((), dtype=torch.long, device=param.device)  # read by the mask_mods
+        self.compressed_t = torch.zeros((), dtype=torch.long, device=param.device)
+        self._forwards: dict[int, _Forward] = {}
+        super().__init__(layers=[_LayerView(self, i) for i in range(self.layers_n)])  # version-sensitive
+
+    # -- the Cache side: transformers calls these ------------------------------------------------------
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        """Write the forward's R rows at slots base..base+R of layer `layer_idx`; return the whole buffers."""
+        rows = key_states.shape[2]
+        if rows != self._rows:
+            raise RuntimeError(f"the forward has {rows} rows but store.prepare was told {self._rows}: call "
+                               f"prepare(...) before every forward through the store")
+        self.keys[layer_idx, :, self._base:self._base + rows] = key_states[0]
+        self.values[layer_idx, :, self._base:self._base + rows] = value_states[0]
+        if layer_idx == self.layers_n - 1:
+            self.length, self._dirty = self._base + rows, True
+        return self.keys[layer_idx][None], self.values[layer_idx][None]  # (1, kv_heads, capacity, head_dim)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+    # -- one forward ---------------------------------------------------------------------------------------
+    def prepare(self, positions, sees=None, compressed_rows=None):
+        """The BlockMask of the next forward: R rows at logical `positions` (R,), seeing each other where
+        sees[r, j] (default causal) and the committed entries (C's only where compressed_rows[r])."""
+        positions = torch.as_tensor(positions, dtype=torch.long, device=self.slot_pos.device).reshape(-1)
+        rows = positions.numel()
+        if rows == 0:
+            raise ValueError("a forward needs at least one row")
+        if self.length + rows > self.capacity:
+            raise ValueError(f"the store holds {self.length} of {self.capacity} slots; {rows} more rows do not "
+                             f"fit (make capacity larger)")
+        if self._dirty:
+            self.compress()
+        sees = torch.ones(rows, rows, dtype=torch.bool).tril() if sees is None else torch.as_tensor(sees)
+        flags = torch.zeros(rows, dtype=torch.bool) if compressed_rows is None else torch.as_tensor(compressed_rows)
+        if sees.shape != (rows, rows) or flags.shape != (rows,):
+            raise ValueError(f"sees must be ({rows}, {rows}) and compressed_rows ({rows},) for {rows} positions")
+        fwd = self._forward(rows)
+        fwd.sees.copy_(sees)
+        fwd.compressed_rows.copy_(flags)
+        self._base, self._rows = self.length, rows
+        self.base_t.fill_(self.length)
+        self.slot_pos[self.length:self.length + rows] = positions
+        self._write_blocks(fwd, flags.tolist())
+        self._dense_mask = None
+        return fwd.block_mask
+
+    def _forward(self, rows: int) -> _Forward:
+        if rows not in self._forwards:  # once per row count: the mask_mod and block tables are reused after
+            device = self.slot_pos.device
+            sees = torch.zeros(rows, rows, dtype=torch.bool, device=device)
+            flags = torch.zeros(rows, dtype=torch.bool, device=device)
+            mask_mod = masks.or_masks(rows_where(flags, below(self.compressed_t), below(self.base_t)),
+                                      own_rows(sees, self.base_t))
+            q_blocks, kv_blocks = -(-rows // self.q_block), self.capacity // self.block
+            block_mask = _block_mask(q_blocks, kv_blocks, (self.q_block, self.block), mask_mod,
+                                     (rows, self.capacity), device)
+            block_mask.specdec_store = self  # how the attention function finds the store
+            self._forwards[rows] = _Forward(sees, flags, block_mask, [False] * q_blocks)
+        return self._forwards[rows]
+
+    def _write_blocks(self, fwd: _Forward, flags: list[bool]) -> None:
+        """In place: per query block, how many KV blocks it loads and which (the O(1) per-step upkeep)."""
+        num, idx = fwd.block_mask.kv_num_blocks[0, 0], fwd.block_mask.kv_indices[0, 0]  # (QB,), (QB, KB)
+        end = -(-(self._base + self._rows) // self.block)  # blocks holding anything valid
+        fixed = -(-self.compressed // self.block)
+        own = max(self._base // self.block, fixed)  # the forward's own rows' blocks, after the fixed ones
+        for qb in range(num.shape[0]):
+            if all(flags[qb * self.q_block:(qb + 1) * self.q_block]):  # compressed rows only
+                idx[qb, fixed:fixed + end - own] = torch.arange(own, end, dtype=idx.dtype, device=idx.device)
+                num[qb] = fixed + end - own
+                fwd.tail_written[qb] = True
+            else:
+                if fwd.tail_written[qb]:  # restore 0, 1, 2, ...
+                    idx[qb] = torch.arange(idx.shape[1], dtype=idx.dtype, device=idx.device)
+                    fwd.tail_written[qb] = False
+                num[qb] = end
+
+    # -- between steps ---------------------------------------------------------------------------------------
+    def compress(self) -> int:
+        """Run C over the committed entries and swap its selection into the fixed region; returns the swaps."""
+        self._dirty = False
+        n = self.length
+        view = CacheView(self.slot_pos[:n], self.keys[:, :, :n], self.queries if self._queried else None)
+        keep = self.compression.select(view).to(self.slot_pos.device)  # (n,) bool
+        selected = int(keep.sum())
+        if selected > self.fixed_blocks * self.block:
+            raise RuntimeError(f"{self.compression} selected {selected} entries, more than its budget")
+        out_ = (~keep[:selected]).nonzero()[:, 0]  # unselected entries inside the fixed region
+        in_ = keep[selected:].nonzero()[:, 0] + selected  # selected entries outside it (as many)
+        if len(out_):
+            src, dst = torch.cat([in_, out_]), torch.cat([out_, in_])
+            for buf in (self.keys, self.values):  # (layers, kv_heads, capacity, head_dim)
+                buf[:, :, dst] = buf[:, :, src]  # the right side is a copy: a true swap
+            self.slot_pos[dst] = self.slot_pos[src]
+        self.compressed = selected
+        self.compressed_t.fill_(selected)
+        return len(out_)
+
+    def compact(self, keep_from: int, indices) -> None:
+        """Keep slots < keep_from and the entries at keep_from + indices (in order): the accepted rows of the
+        last forward, as kv_cache.compact does for a DynamicCache."""
+        idx = [int(i) for i in indices]
+        if keep_from < self._base or any(not 0 <= i < self.length - keep_from for i in idx):
+            raise ValueError(f"compact keeps rows of the last forward only (slots >= {self._base}); got "
+                             f"keep_from={keep_from}, offsets {idx} with {self.length} slots in use")
+        src = torch.tensor(idx, dtype=torch.long, device=self.slot_pos.device) + keep_from
+        dst = slice(keep_from, keep_from + len(idx))
+        self.keys[:, :, dst] = self.keys[:, :, src]
+        self.values[:, :, dst] = self.values[:, :, src]
+        self.slot_pos[dst] = self.slot_pos[src]
+        self.rollback(keep_from + len(idx))
+
+    def rollback(self, length: int) -> None:
+        """Drop the last forward's rows from slot `length` on."""
+        if not self._base <= length <= self.length:
+            raise ValueError(f"the store rolls back only the last forward's rows ({self._base}..{self.length}); "
+                             f"got {length}")
+        self.slot_pos[length:self.length] = -1
+        self.length, self._dirty = length, True
+
+    # -- reading ---------------------------------------------------------------------------------------------
+    def note_query(self, layer: int, query: torch.Tensor) -> None:
+        """Keep the last row's query of this layer (for query-aware compressions). query (1, heads, R, dim)."""
+        if self.queries is not None:
+            self.queries[layer] = query[0, :, -1]
+            self._queried = True
+
+    def dense_mask(self) -> torch.Tensor:
+        """The forward in flight's mask_mod evaluated on every (row, slot): bool (1, 1, R, capacity)."""
+        if self._dense_mask is None:
+            mask_mod = self._forwards[self._rows].block_mask.mask_mod
+            self._dense_mask = masks.dense(mask_mod, self._rows, self.capacity, self.slot_pos.device)[None, None]
+        return self._dense_mask
+
+    def snapshot(self) -> LayoutSnapshot:
+        return LayoutSnapshot(self.slot_pos.cpu().numpy().copy(), self.length, self.compressed, self.block,
+                              self.fixed_blocks)
+
+    def loaded_blocks(self, rows: int) -> list[int]:
+        """KV blocks each query block of the last R-row forward loads."""
+        return self._forwards[rows].block_mask.kv_num_blocks[0, 0].tolist()
+
+
+# ---- torch / transformers glue (the version-sensitive calls live here) -----------------------------------
+
+def _block_mask(q_blocks, kv_blocks, block_size, mask_mod, seq_lengths, device):
+    from torch.nn.attention.flex_attention import BlockMask
+
+    num = torch.zeros(1, 1, q_blocks, dtype=torch.int32, device=device)  # (B, H, QB)
+    idx = torch.arange(kv_blocks, dtype=torch.int32, device=device).repeat(1, 1, q_blocks, 1)  # (B, H, QB, KB)
+    # compiled flex on a CPU needs the full-block tables (zeros: every loaded block applies the mask_mod)
+    full_num, full_idx = torch.zeros_like(num), torch.zeros_like(idx)
+    try:
+        return BlockMask.from_kv_blocks(num, idx, full_num, full_idx, BLOCK_SIZE=block_size, mask_mod=mask_mod,
+                                        seq_lengths=seq_lengths, compute_q_blocks=False)
+    except TypeError:  # torch without compute_q_blocks (q tables serve the backward pass only)
+        return BlockMask.from_kv_blocks(num, idx, full_num, full_idx, BLOCK_SIZE=block_size, mask_mod=mask_mod,
+                                        seq_lengths=seq_lengths)
+
+
+_COMPILED_FLEX = None
+
+ATTENTION_MODES = {
+    "compiled": "torch.compile(flex_attention): block-sparse, loads only the listed KV blocks (float32/bf16)",
+    "eager": "flex_attention unfused: applies the mask_mod to every score through vmap, ignores the block "
+             "tables (exact, float64 too; slow: about 90 ms per call for the tiny target on the 2-core CPU)",
+    "dense": "the same mask_mod rendered once per forward to a bool mask for sdpa (exact, fast on a CPU)",
+}
+
+
+def flex(query, key, value, block_mask, scale=None, compiled=False):
+    """flex_attention, eager or compiled (see ATTENTION_MODES). query (1, heads, R, dim), key/value
+    (1, kv_heads, K, dim); grouped-query attention when the head counts differ."""
+    global _COMPILED_FLEX
+    from torch.nn.attention.flex_attention import flex_attention
+
+    fn = flex_attention
+    if compiled:
+        if _COMPILED_FLEX is None:
+            _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+        fn = _COMPILED_FLEX
+    return fn(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=query.shape[1] != key.shape[1])
+
+
+def layout_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The attention function transformers calls (registered as ATTENTION_NAME); query (1, heads, R, dim)."""
+    store = getattr(attention_mask, "specdec_store", None)
+    if store is None:
+        raise ValueError(f"a model switched to {ATTENTION_NAME!r} takes the BlockMask of FlexLayoutStore.prepare "
+                         f"as attention_mask (got {type(attention_mask).__name__})")
+    store.note_query(module.layer_idx, query)
+    if store.attention == "dense":
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=store.dense_mask(), scale=scaling,
+            enable_gqa=query.shape[1] != key.shape[1])  # (1, heads, R, dim)
+    else:
+        out = flex(query, key, value, attention_mask, scaling, store.attention == "compiled")
+    return out.transpose(1, 2).contiguous(), None
+
+
+def attach(model):
+    """Switch `model` to the store's attention function; returns the previous implementation's name."""
+    from transformers import AttentionInterface
+
+    cfg = model.config
+    if not getattr(model, "_supports_attention_backend", False):
+        raise ValueError(f"{type(model).__name__} does not take custom attention functions "
+                         f"(AttentionInterface): it cannot decode through a FlexLayoutStore")
+    kinds = set(getattr(cfg, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"} or getattr(cfg, "use_sliding_window", False):
+        raise ValueError(f"the store holds full-attention layers only; this model has {sorted(kinds)}"
+                         f"{' and a sliding window' if getattr(cfg, 'use_sliding_window', False) else ''}")
+    previous = getattr(cfg, "_attn_implementation", None) or "sdpa"
+    AttentionInterface.register(ATTENTION_NAME, layout_attention)
+    model.set_attn_implementation(ATTENTION_NAME)
+    return previous
+
+
+class _LayerView(CacheLayerMixin):
+    """One layer of the store as transformers sees it (keys/values: views of the store's buffers)."""
+
+    def __init__(self, store, layer):
+        super().__init__()
+        self.store, self.layer, self.is_initialized = store, layer, True
+        self.keys, self.values = store.keys[layer][None], store.values[layer][None]
+
+    def lazy_initialization(self, key_states, value_states):
+        pass
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        return self.store.update(key_states, value_states, self.layer)
+
+    def get_mask_sizes(self, query_length):
+        return self.store.capacity, 0
+
+    def get_seq_length(self):
+        return self.store.length
+
+    def get_max_length(self):
+        return self.store.capacity
+
+
+# ---- decoding through the store by hand (notebook 05, tests) ---------------------------------------------
+
+@torch.no_grad()
+def greedy_through_store(model, store, prompt_ids, max_new_tokens: int, compressed: bool = False) -> list[int]:
+    """Greedy decoding with one row per step through `store` (the prompt's prefill sees the full KV);
+    compressed=True: every decode row sees C(kv) only (StreamingLLM/Quest attention, not lossless)."""
+    ids = [int(t) for t in prompt_ids]
+    if not ids:
+        raise ValueError("the prompt is empty")
+    check_int("max_new_tokens", max_new_tokens, 1)
+    device = store.slot_pos.device
+    rows = torch.tensor([ids], device=device)
+    positions = torch.arange(len(ids), device=device)
+    mask = store.prepare(positions)  # the prompt: causal, full rows
+    out = []
+    while True:
+        logits = model(rows, position_ids=positions[None], past_key_values=store, attention_mask=mask,
+                       use_cache=True, logits_to_keep=1).logits[0, -1]
+        out.append(int(logits.argmax()))
+        if len(out) == max_new_tokens:
+            return out
+        rows = torch.tensor([[out[-1]]], device=device)
+        positions = torch.tensor([len(ids) + len(out) - 1], device=device)
+        mask = store.prepare(positions, compressed_rows=[compressed])
