@@ -6,7 +6,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: env workbook test lab models bench clean-figures
+.PHONY: env workbook test lab models bench bench-layout clean-figures
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,3 +37,6 @@ models: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m specdec_lib.bench --models tiny --suite code --methods hf,autoregressive,hf_prompt_lookup,hf_assisted,prompt_lookup,draft_model,cacheback,cacheback@tdl=16+crt=4
+
+bench-layout: $(STAMP)
+	$(BIN)/python -m specdec_lib.bench.flex_layout

@@ -243,3 +243,44 @@ def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="empty"):
         fl.greedy_through_store(model, fl.FlexLayoutStore(model, capacity=64, block=16,
                                                           compression=StreamingLLM(2, 6)), [], 3)
+
+
+def test_views_draw_the_layout_and_the_block_tables():
+    from specdec_lib import viz
+
+    model = random_lm("llama")
+    store = fl.FlexLayoutStore(model, capacity=64, compression=StreamingLLM(2, 6), block=8)
+    store.prepare(torch.arange(20))
+    for layer in range(2):
+        store.update(torch.randn(1, 2, 20, 8, dtype=torch.float64), torch.randn(1, 2, 20, 8, dtype=torch.float64),
+                     layer)
+    store.compress()
+    mask = store.prepare([20], compressed_rows=[True])
+    snap = store.snapshot()
+    fig = viz.layout_figure([snap, snap], sinks=2)
+    positions, roles = fig.data[0].z, fig.data[1].z  # (blocks, block) grids
+    assert len(positions) == 8 and list(positions[0][:2]) == [0, 1] and list(roles[0][:2]) == [3, 3]  # sinks in slots 0-1
+    assert sorted(v for row in positions[:1] for v in row) == [0, 1, 14, 15, 16, 17, 18, 19]  # the fixed block
+    assert roles[1][0] == 1 and roles[2][4] == 4 and roles[2][5] == 0  # the tail, the row in flight, empty slots
+    assert len(fig.frames) == 2
+    table = fl.block_table(mask)
+    assert table.tolist() == [[True, False, True] + [False] * 5]  # the fixed block and the row's own block
+    heat = viz.block_map_figure(table, block=8)
+    assert [list(r) for r in heat.data[0].z] == [[1, 0, 1, 0, 0, 0, 0, 0]] and "2 of 8" in heat.layout.title.text
+    sel = viz.selection_figure({"a": [1, 0, 1], "b": [0, 1, 1]}, ["x", "y", "z"])
+    assert [list(r) for r in sel.data[0].z] == [[1, 0, 1], [0, 1, 1]] and list(sel.data[0].y) == ["a (2)", "b (2)"]
+
+
+def test_benchmark_counts_the_blocks_each_case_loads():
+    """bench.flex_layout's cases: (a) loads the fixed blocks + its own, (b)/(d) every block holding a selected
+    entry, (c) every valid block (block counts, not timings)."""
+    from specdec_lib.bench import flex_layout as bf
+
+    rows = {r["case"]: r for r in bf.kernel_rows(1024, rows=4, budget=128, heads=2, kv_heads=2, head_dim=16,
+                                                 block=64, dtype=torch.float32, device=torch.device("cpu"),
+                                                 repeats=1)}
+    assert rows["(a) layout"]["kv_blocks"] == 2 + 1 and rows["(a) layout"]["selected"] == 128
+    assert rows["(c) full"]["kv_blocks"] == 17  # ceil(1028 / 64)
+    fragmented = rows["(b) fragmented"]["kv_blocks"]  # 8 pages of 16 scattered over 16 blocks, + the rows' own
+    assert fragmented == rows["(d) rebuild"]["kv_blocks"] and rows["(a) layout"]["kv_blocks"] < fragmented <= 9
+    assert all(r["ms"] > 0 for r in rows.values())

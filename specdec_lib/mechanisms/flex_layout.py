@@ -94,12 +94,13 @@ class LayoutSnapshot:
 class FlexLayoutStore(Cache):
     """The target's KV cache in FAFO's layout (see the module doc); a transformers Cache.
 
-    capacity: slots per layer (a multiple of `block`); compression: C (StreamingLLM() by default); block: KV
+    model: the model the store serves (or its config, with `dtype` and `device`: kernel benchmarks need no
+    weights); capacity: slots per layer (a multiple of `block`); compression: C (StreamingLLM() by default); block: KV
     block size of the BlockMask (128, FlexAttention's default); q_block: query block size; attention: how the
     attention function runs the mask (see `ATTENTION_MODES`; "auto": "compiled" on a GPU, "dense" on a CPU)."""
 
     def __init__(self, model, capacity: int, compression: Compression | None = None, block: int = BLOCK,
-                 q_block: int = 128, attention: str = "auto"):
+                 q_block: int = 128, attention: str = "auto", dtype=None, device=None):
         check_int("block", block, 1)
         check_int("capacity", capacity, block)
         if capacity % block:
@@ -111,20 +112,24 @@ class FlexLayoutStore(Cache):
         check_int("compression budget", budget, 1)
         if budget > capacity:
             raise ValueError(f"the compression keeps up to {budget} entries, more than capacity={capacity}")
-        cfg = model.config
+        cfg = getattr(model, "config", model)
         self.layers_n = cfg.num_hidden_layers
         heads = cfg.num_attention_heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-        param = next(model.parameters())
+        if hasattr(model, "parameters"):
+            param = next(model.parameters())
+            dtype, device = dtype or param.dtype, device or param.device
+        device = torch.device(device or "cpu")
+        dtype = dtype or torch.float32
         shape = (self.layers_n, kv_heads, capacity, head_dim)
-        self.keys = torch.zeros(shape, dtype=param.dtype, device=param.device)  # every layer in one buffer: a
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # every layer in one buffer: a
         self.values = torch.zeros_like(self.keys)  # swap is one index copy for all layers
-        self.slot_pos = torch.full((capacity,), -1, dtype=torch.long, device=param.device)
-        self.queries = (torch.zeros(self.layers_n, heads, head_dim, dtype=param.dtype, device=param.device)
+        self.slot_pos = torch.full((capacity,), -1, dtype=torch.long, device=device)
+        self.queries = (torch.zeros(self.layers_n, heads, head_dim, dtype=dtype, device=device)
                         if self.compression.needs_queries else None)
         if attention == "auto":
-            attention = "compiled" if param.device.type == "cuda" else "dense"
+            attention = "compiled" if device.type == "cuda" else "dense"
         if attention not in ATTENTION_MODES:
             raise ValueError(f"attention must be 'auto' or one of {sorted(ATTENTION_MODES)}, got {attention!r}")
         self.capacity, self.block, self.q_block, self.attention = capacity, block, q_block, attention
@@ -133,8 +138,8 @@ class FlexLayoutStore(Cache):
         self.length = self.compressed = self._base = self._rows = 0
         self._queried = False
         self._dirty = False  # entries changed since the last compress
-        self.base_t = torch.zeros((), dtype=torch.long, device=param.device)  # read by the mask_mods
-        self.compressed_t = torch.zeros((), dtype=torch.long, device=param.device)
+        self.base_t = torch.zeros((), dtype=torch.long, device=device)  # read by the mask_mods
+        self.compressed_t = torch.zeros((), dtype=torch.long, device=device)
         self._forwards: dict[int, _Forward] = {}
         super().__init__(layers=[_LayerView(self, i) for i in range(self.layers_n)])  # version-sensitive
 
@@ -276,6 +281,20 @@ class FlexLayoutStore(Cache):
     def loaded_blocks(self, rows: int) -> list[int]:
         """KV blocks each query block of the last R-row forward loads."""
         return self._forwards[rows].block_mask.kv_num_blocks[0, 0].tolist()
+
+
+def block_table(block_mask, batch: int = 0, head: int = 0) -> np.ndarray:
+    """Bool (query blocks, KV blocks): which KV blocks each query block of a BlockMask loads (partial or full)."""
+    kv_blocks = -(-block_mask.seq_lengths[1] // block_mask.BLOCK_SIZE[1])
+    out = np.zeros((block_mask.kv_num_blocks.shape[-1], kv_blocks), dtype=bool)
+    tables = [(block_mask.kv_num_blocks, block_mask.kv_indices)]
+    if block_mask.full_kv_num_blocks is not None:
+        tables.append((block_mask.full_kv_num_blocks, block_mask.full_kv_indices))
+    for num, idx in tables:
+        num, idx = num[batch, head].cpu().numpy(), idx[batch, head].cpu().numpy()  # (QB,), (QB, KB)
+        for qb, count in enumerate(num):
+            out[qb, idx[qb, :count]] = True
+    return out
 
 
 # ---- torch / transformers glue (the version-sensitive calls live here) -----------------------------------
