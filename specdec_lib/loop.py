@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from .decoding import GenerationResult, Method, METHODS, Request
 from .mechanisms import kv_cache
 from .mechanisms.draft_tree import DraftTree
-from .mechanisms.verify import Proposal, SideRows, Verdict, commit, verify
+from .mechanisms.verify import Proposal, SideRows, Verdict, commit, forward_spec, verify
 
 __all__ = ["LoopState", "Proposal", "Proposer", "SideRows", "Verdict", "decode", "register_proposer"]
 
@@ -76,13 +76,14 @@ def decode(req: Request, proposer: Proposer, debug: bool = False, lazy_head: boo
     target, cache = req.target, kv_cache.new_cache(req.target)
     state = LoopState(req, req.input_ids[0].tolist(), debug=debug)
     proposer.start(state)
+    spec = forward_spec(target)  # backend, dtype, device, lazy_head_ok: once per call (after start), not per step
     lengths, steps = [], []
     while not req.is_done(state.tokens):
         t0 = time.perf_counter()
         budget = req.max_new_tokens - len(state.tokens) - 1  # a step emits at most depth + 1 tokens
         proposal = proposer.propose(state, budget).capped(budget)
         t1 = time.perf_counter()
-        verdict = verify(target, cache, proposal, state.committed, req.sampling, req.generator, lazy_head)
+        verdict = verify(target, cache, proposal, state.committed, req.sampling, req.generator, lazy_head, spec)
         emitted = req.trim(state.tokens + verdict.tokens + [verdict.next_token])[len(state.tokens):]
         verdict.emitted = emitted
         commit(cache, verdict.prefix_len, verdict.accepted[:len(emitted) - 1])  # the last emitted is the next root

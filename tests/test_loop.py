@@ -55,6 +55,9 @@ def test_full_prefix_claims_hold():
         assert torch.equal(torch.broadcast_to(mod(0, 0, q_idx, kv_idx), (10, 14)), brute)  # the grid fast path
         assert brute[:, :masks.full_prefix(mod)].all()
     assert [masks.full_prefix(m) for m in mods] == [4, 4, 5, 0, 4, 2]
+    rooted = masks.tree(tree.parents, 0, 3)  # root at row 0: renders from its stated `rest` (no grid evaluated)
+    brute = torch.tensor([[bool(rooted(0, 0, torch.tensor(q), torch.tensor(k))) for k in range(8)] for q in range(5)])
+    assert torch.equal(masks.dense(rooted, 5, 8), brute) and masks.full_prefix(rooted) == 3
 
 
 def test_by_rows_and_or_masks_are_pure_functions():

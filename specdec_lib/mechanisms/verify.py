@@ -165,18 +165,33 @@ def build_forward(proposal: Proposal, pending: list[int], cached: int, backend: 
     return inputs, 1 + n + s
 
 
-def forward_proposal(target, cache, proposal: Proposal, pending: list[int], lazy: bool = True):
-    """build_forward for this target (its attention backend, dtype and device) and run_forward: the rows of
-    root, nodes and side rows, (1 + n + S, V) or RowLogits."""
+class ForwardSpec(NamedTuple):
+    """What a forward needs to know about the target: resolved once per decode call (loop.py), not per step."""
+    backend: str
+    dtype: torch.dtype
+    device: torch.device
+    lazy_ok: bool  # lazy_head_ok(target)
+
+
+def forward_spec(target) -> ForwardSpec:
     param = next(target.parameters())
-    inputs, keep = build_forward(proposal, pending, kv_cache.cache_length(cache), attention_backend(target),
-                                 param.dtype, param.device)
-    return run_forward(target, cache, inputs, keep, lazy)
+    return ForwardSpec(attention_backend(target), param.dtype, param.device, lazy_head_ok(target))
 
 
-def run_forward(target, cache, inputs: dict, keep: int, lazy: bool = True):
-    """The target's last `keep` rows: RowLogits when lazy (and lazy_head_ok), else logits (keep, V)."""
-    if lazy and lazy_head_ok(target):
+def forward_proposal(target, cache, proposal: Proposal, pending: list[int], lazy: bool = True,
+                     spec: ForwardSpec | None = None):
+    """build_forward for this target (its attention backend, dtype and device: `spec`, resolved here when None)
+    and run_forward: the rows of root, nodes and side rows, (1 + n + S, V) or RowLogits."""
+    spec = spec or forward_spec(target)
+    inputs, keep = build_forward(proposal, pending, kv_cache.cache_length(cache), spec.backend, spec.dtype,
+                                 spec.device)
+    return run_forward(target, cache, inputs, keep, lazy and spec.lazy_ok, checked=True)
+
+
+def run_forward(target, cache, inputs: dict, keep: int, lazy: bool = True, checked: bool = False):
+    """The target's last `keep` rows: RowLogits when lazy (and lazy_head_ok; `checked`: the caller checked it),
+    else logits (keep, V)."""
+    if lazy and (checked or lazy_head_ok(target)):
         hidden = target.model(**inputs, past_key_values=cache, use_cache=True).last_hidden_state[0, -keep:]
         return RowLogits(hidden, target.get_output_embeddings())  # hidden (keep, H), after the final norm
     return target(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=keep).logits[0]  # (keep, V)
@@ -227,9 +242,9 @@ def speculative_chain(p: torch.Tensor, q: torch.Tensor, drafts: list[int], gener
 
 
 def verify(target, cache, proposal: Proposal, committed: list[int], sampling: SamplingConfig = SamplingConfig(),
-           generator: torch.Generator | None = None, lazy: bool = True) -> Verdict:
+           generator: torch.Generator | None = None, lazy: bool = True, spec: ForwardSpec | None = None) -> Verdict:
     """ONE target forward of the proposal after what the cache holds, and the verdict (the cache then holds the
-    forward's rows too: `commit` keeps the accepted ones)."""
+    forward's rows too: `commit` keeps the accepted ones). spec: forward_spec(target), when the caller has it."""
     tree, cached = proposal.tree, kv_cache.cache_length(cache)
     pending = committed[cached:]
     if not pending or pending[-1] != tree.root:
@@ -237,7 +252,7 @@ def verify(target, cache, proposal: Proposal, committed: list[int], sampling: Sa
                          f"must be the last committed token (the cache must not hold it yet)")
     if proposal.q is not None and len(tree.leaves()) > 1:
         raise ValueError("q-based verification takes a chain (one branch); a sampled tree needs another rule")
-    rows = forward_proposal(target, cache, proposal, pending, lazy)
+    rows = forward_proposal(target, cache, proposal, pending, lazy, spec)
     n, side_logits = len(tree), None
     if proposal.side is not None and len(proposal.side):
         side_logits = rows.head(rows.hidden[n + 1:]) if isinstance(rows, RowLogits) else rows[n + 1:]  # (S, V)
