@@ -172,7 +172,8 @@ def test_full_rows_reproduce_hf_greedy_on_random_models(kind):
     store = fl.FlexLayoutStore(target, capacity=64, compression=StreamingLLM(2, 6), block=8)
     assert fl.greedy_through_store(target, store, ids[0].tolist(), 30) == want
     assert store.length == 12 + 29  # every token but the last is cached, and C kept its budget
-    assert store.compressed == 8 and sorted(store.slot_pos[:8].tolist()) == [0, 1, *range(34, 40)]  # C ran before the last forward
+    # C ran before the last forward, over positions 0..39
+    assert store.compressed == 8 and sorted(store.slot_pos[:8].tolist()) == [0, 1, *range(34, 40)]
 
 
 @torch.no_grad()
@@ -259,7 +260,8 @@ def test_views_draw_the_layout_and_the_block_tables():
     snap = store.snapshot()
     fig = viz.layout_figure([snap, snap], sinks=2)
     positions, roles = fig.data[0].z, fig.data[1].z  # (blocks, block) grids
-    assert len(positions) == 8 and list(positions[0][:2]) == [0, 1] and list(roles[0][:2]) == [3, 3]  # sinks in slots 0-1
+    # the sinks sit in slots 0-1
+    assert len(positions) == 8 and list(positions[0][:2]) == [0, 1] and list(roles[0][:2]) == [3, 3]
     assert sorted(v for row in positions[:1] for v in row) == [0, 1, 14, 15, 16, 17, 18, 19]  # the fixed block
     assert roles[1][0] == 1 and roles[2][4] == 4 and roles[2][5] == 0  # the tail, the row in flight, empty slots
     assert len(fig.frames) == 2

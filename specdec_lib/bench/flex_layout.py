@@ -9,7 +9,8 @@ side by side in one run, at each context length:
     (a) layout     FlexLayoutStore: prepare (C + swaps + in-place block tables) + compiled flex, compressed rows
     (b) fragmented the same selected entries in place: a static mask listing every block that holds one
     (c) full       compiled flex over every valid block (the rows see the whole KV)
-    (d) rebuild    create_block_mask for the fragmented selection, then compiled flex, every step
+    (d) rebuild    create_block_mask for the fragmented selection, then compiled flex, every step (and the
+                   create_block_mask call alone)
     sdpa           torch's scaled_dot_product_attention over the whole KV (the dense reference)
 
 The selection is Quest-shaped (the budget in pages of 16 positions, the sinks and the newest page kept, the
@@ -56,7 +57,8 @@ class RandomPages(Compression):
         return keep.to(pos.device)[pos // self.page]
 
 
-class _Config:  # what FlexLayoutStore reads from a model config
+class AttentionConfig:
+    """The fields of a model config FlexLayoutStore reads: an attention shape without a model."""
     def __init__(self, heads, kv_heads, head_dim, layers=1):
         self.num_hidden_layers, self.num_attention_heads = layers, heads
         self.num_key_value_heads, self.head_dim = kv_heads, head_dim
@@ -80,8 +82,8 @@ def kernel_rows(length: int, rows: int, budget: int, heads: int, kv_heads: int, 
     from torch.nn.attention.flex_attention import create_block_mask
 
     capacity = -(-(length + rows) // block) * block
-    store = fl.FlexLayoutStore(_Config(heads, kv_heads, head_dim), capacity, RandomPages(budget), block=block,
-                               q_block=max(rows, 1), attention="compiled", dtype=dtype, device=device)
+    store = fl.FlexLayoutStore(AttentionConfig(heads, kv_heads, head_dim), capacity, RandomPages(budget),
+                               block=block, q_block=max(rows, 1), attention="compiled", dtype=dtype, device=device)
     g = torch.Generator(device=device).manual_seed(0)
     k = torch.randn(1, kv_heads, length, head_dim, generator=g, device=device, dtype=dtype)
     store.prepare(torch.arange(length, device=device))
@@ -112,7 +114,8 @@ def kernel_rows(length: int, rows: int, budget: int, heads: int, kv_heads: int, 
     def selected_mod(b, h, q_idx, kv_idx):
         return sel[kv_idx]
 
-    frag = fl._block_mask(1, capacity // block, (max(rows, 1), block), selected_mod, (rows, capacity), device)
+    frag = fl.block_mask_from_tables(1, capacity // block, (max(rows, 1), block), selected_mod, (rows, capacity),
+                                   device)
     frag.kv_num_blocks.copy_(frag_num)
     frag.kv_indices.copy_(frag_idx)
     valid = torch.tensor(length + rows, device=device)
@@ -120,12 +123,15 @@ def kernel_rows(length: int, rows: int, budget: int, heads: int, kv_heads: int, 
     def valid_mod(b, h, q_idx, kv_idx):
         return kv_idx < valid
 
-    full = fl._block_mask(1, capacity // block, (max(rows, 1), block), valid_mod, (rows, capacity), device)
+    full = fl.block_mask_from_tables(1, capacity // block, (max(rows, 1), block), valid_mod, (rows, capacity), device)
     full.kv_num_blocks.fill_(-(-(length + rows) // block))
 
+    def rebuild_mask():  # what a per-step rebuild adds: the mask_mod evaluated on the (rows, capacity) grid
+        return create_block_mask(selected_mod, 1, None, rows, capacity, device=device,
+                                 BLOCK_SIZE=(max(rows, 1), block))
+
     def rebuild_step():  # (d)
-        mask = create_block_mask(selected_mod, 1, None, rows, capacity, device=device, BLOCK_SIZE=(max(rows, 1), block))
-        fl.flex(q, keys, values, mask, compiled=True)
+        fl.flex(q, keys, values, rebuild_mask(), compiled=True)
 
     kv_len = length + rows
     cases = [
@@ -133,6 +139,7 @@ def kernel_rows(length: int, rows: int, budget: int, heads: int, kv_heads: int, 
         ("(b) fragmented", lambda: fl.flex(q, keys, values, frag, compiled=True), int(frag_num)),
         ("(c) full", lambda: fl.flex(q, keys, values, full, compiled=True), int(full.kv_num_blocks.sum())),
         ("(d) rebuild", rebuild_step, int(frag_num)),
+        ("(d) its create_block_mask alone", rebuild_mask, int(frag_num)),
         ("sdpa (dense)", lambda: torch.nn.functional.scaled_dot_product_attention(
             q, keys[:, :, :kv_len], values[:, :, :kv_len], enable_gqa=heads != kv_heads), -(-kv_len // block)),
     ]

@@ -41,9 +41,12 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from ..checks import check_int
 from . import masks
 from .compression import CacheView, Compression, StreamingLLM
+from .flex_backend import ATTENTION_MODES, ATTENTION_NAME, attach, block_mask_from_tables, block_table, flex
+
+__all__ = ["ATTENTION_MODES", "ATTENTION_NAME", "BLOCK", "CacheView", "FlexLayoutStore", "LayoutSnapshot", "attach",
+           "below", "block_table", "flex", "greedy_through_store", "own_rows", "rows_where"]
 
 BLOCK = 128
-ATTENTION_NAME = "specdec_flex_layout"
 
 
 # ---- mask_mod pieces (pure: they index tensors the store updates in place) -----------------------------
@@ -194,7 +197,7 @@ class FlexLayoutStore(Cache):
             mask_mod = masks.or_masks(rows_where(flags, below(self.compressed_t), below(self.base_t)),
                                       own_rows(sees, self.base_t))
             q_blocks, kv_blocks = -(-rows // self.q_block), self.capacity // self.block
-            block_mask = _block_mask(q_blocks, kv_blocks, (self.q_block, self.block), mask_mod,
+            block_mask = block_mask_from_tables(q_blocks, kv_blocks, (self.q_block, self.block), mask_mod,
                                      (rows, self.capacity), device)
             block_mask.specdec_store = self  # how the attention function finds the store
             self._forwards[rows] = _Forward(sees, flags, block_mask, [False] * q_blocks)
@@ -283,94 +286,7 @@ class FlexLayoutStore(Cache):
         return self._forwards[rows].block_mask.kv_num_blocks[0, 0].tolist()
 
 
-def block_table(block_mask, batch: int = 0, head: int = 0) -> np.ndarray:
-    """Bool (query blocks, KV blocks): which KV blocks each query block of a BlockMask loads (partial or full)."""
-    kv_blocks = -(-block_mask.seq_lengths[1] // block_mask.BLOCK_SIZE[1])
-    out = np.zeros((block_mask.kv_num_blocks.shape[-1], kv_blocks), dtype=bool)
-    tables = [(block_mask.kv_num_blocks, block_mask.kv_indices)]
-    if block_mask.full_kv_num_blocks is not None:
-        tables.append((block_mask.full_kv_num_blocks, block_mask.full_kv_indices))
-    for num, idx in tables:
-        num, idx = num[batch, head].cpu().numpy(), idx[batch, head].cpu().numpy()  # (QB,), (QB, KB)
-        for qb, count in enumerate(num):
-            out[qb, idx[qb, :count]] = True
-    return out
-
-
-# ---- torch / transformers glue (the version-sensitive calls live here) -----------------------------------
-
-def _block_mask(q_blocks, kv_blocks, block_size, mask_mod, seq_lengths, device):
-    from torch.nn.attention.flex_attention import BlockMask
-
-    num = torch.zeros(1, 1, q_blocks, dtype=torch.int32, device=device)  # (B, H, QB)
-    idx = torch.arange(kv_blocks, dtype=torch.int32, device=device).repeat(1, 1, q_blocks, 1)  # (B, H, QB, KB)
-    # compiled flex on a CPU needs the full-block tables (zeros: every loaded block applies the mask_mod)
-    full_num, full_idx = torch.zeros_like(num), torch.zeros_like(idx)
-    try:
-        return BlockMask.from_kv_blocks(num, idx, full_num, full_idx, BLOCK_SIZE=block_size, mask_mod=mask_mod,
-                                        seq_lengths=seq_lengths, compute_q_blocks=False)
-    except TypeError:  # torch without compute_q_blocks (q tables serve the backward pass only)
-        return BlockMask.from_kv_blocks(num, idx, full_num, full_idx, BLOCK_SIZE=block_size, mask_mod=mask_mod,
-                                        seq_lengths=seq_lengths)
-
-
-_COMPILED_FLEX = None
-
-ATTENTION_MODES = {
-    "compiled": "torch.compile(flex_attention): block-sparse, loads only the listed KV blocks (float32/bf16)",
-    "eager": "flex_attention unfused: applies the mask_mod to every score through vmap, ignores the block "
-             "tables (exact, float64 too; slow: about 90 ms per call for the tiny target on the 2-core CPU)",
-    "dense": "the same mask_mod rendered once per forward to a bool mask for sdpa (exact, fast on a CPU)",
-}
-
-
-def flex(query, key, value, block_mask, scale=None, compiled=False):
-    """flex_attention, eager or compiled (see ATTENTION_MODES). query (1, heads, R, dim), key/value
-    (1, kv_heads, K, dim); grouped-query attention when the head counts differ."""
-    global _COMPILED_FLEX
-    from torch.nn.attention.flex_attention import flex_attention
-
-    fn = flex_attention
-    if compiled:
-        if _COMPILED_FLEX is None:
-            _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
-        fn = _COMPILED_FLEX
-    return fn(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=query.shape[1] != key.shape[1])
-
-
-def layout_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """The attention function transformers calls (registered as ATTENTION_NAME); query (1, heads, R, dim)."""
-    store = getattr(attention_mask, "specdec_store", None)
-    if store is None:
-        raise ValueError(f"a model switched to {ATTENTION_NAME!r} takes the BlockMask of FlexLayoutStore.prepare "
-                         f"as attention_mask (got {type(attention_mask).__name__})")
-    store.note_query(module.layer_idx, query)
-    if store.attention == "dense":
-        out = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=store.dense_mask(), scale=scaling,
-            enable_gqa=query.shape[1] != key.shape[1])  # (1, heads, R, dim)
-    else:
-        out = flex(query, key, value, attention_mask, scaling, store.attention == "compiled")
-    return out.transpose(1, 2).contiguous(), None
-
-
-def attach(model):
-    """Switch `model` to the store's attention function; returns the previous implementation's name."""
-    from transformers import AttentionInterface
-
-    cfg = model.config
-    if not getattr(model, "_supports_attention_backend", False):
-        raise ValueError(f"{type(model).__name__} does not take custom attention functions "
-                         f"(AttentionInterface): it cannot decode through a FlexLayoutStore")
-    kinds = set(getattr(cfg, "layer_types", None) or ["full_attention"])
-    if kinds != {"full_attention"} or getattr(cfg, "use_sliding_window", False):
-        raise ValueError(f"the store holds full-attention layers only; this model has {sorted(kinds)}"
-                         f"{' and a sliding window' if getattr(cfg, 'use_sliding_window', False) else ''}")
-    previous = getattr(cfg, "_attn_implementation", None) or "sdpa"
-    AttentionInterface.register(ATTENTION_NAME, layout_attention)
-    model.set_attn_implementation(ATTENTION_NAME)
-    return previous
-
+# ---- transformers sees the store through this (version-sensitive: the CacheLayerMixin interface) -------
 
 class _LayerView(CacheLayerMixin):
     """One layer of the store as transformers sees it (keys/values: views of the store's buffers)."""

@@ -4,8 +4,9 @@
   `flex_layout.block_table(block_mask)` computes it), one cell per block.
 - `layout_figure(snapshots)`: the store's slots over decoding steps, with a slider: top, the logical position
   each slot holds (empty slots blank); bottom, each slot's role: sink, C's other entries in the fixed region,
-  evicted (the tail: kept, never loaded by compressed rows), the rows of a forward in flight, empty. Slots are drawn block by block (one row per
-  block), so the fixed blocks are the top rows. A plotly slider, not a widget: it works in a saved HTML file too.
+  evicted (the tail: kept, never loaded by compressed rows), the rows of a forward in flight, empty. Slots are
+  drawn block by block (one row per block), so the fixed blocks are the top rows. A plotly slider, not a
+  widget: it works in a saved HTML file too.
 - `selection_figure(kept, labels)`: which positions of a text each compression keeps (one row per compression).
 - `layout_timing_figure(table)`: per-step milliseconds against context length for each case of
   `bench.flex_layout` (layout, fragmented, full, rebuild, sdpa; the whole model step).

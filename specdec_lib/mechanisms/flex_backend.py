@@ -1,0 +1,114 @@
+"""FlexAttention and transformers glue of FAFO's KV store (flex_layout.py): the version-sensitive calls live here.
+
+- `block_mask_from_tables`: a BlockMask built from block tables (`BlockMask.from_kv_blocks`), never from a grid;
+- `block_table(block_mask)`: which KV blocks each query block loads, for drawing and checks;
+- `flex(...)`: flex_attention eager or compiled (`ATTENTION_MODES` says what each mode does);
+- `layout_attention`: the attention function transformers calls for a model `attach`ed to the store (registered
+  with `AttentionInterface` as ATTENTION_NAME; it finds the store through the BlockMask it is given).
+
+Probed on torch 2.13 (CPU) / 2.11 (CUDA image) and transformers 5.17-5.23: compiled flex on a CPU needs the
+full-block tables present (zeros are fine); eager flex applies the mask_mod to every score and ignores the block
+tables; compiled flex refuses float64 on a CPU; a model's attention function receives the BlockMask passed as
+`attention_mask` unchanged (transformers' mask builders exit early on a 4D mask or a BlockMask).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+ATTENTION_NAME = "specdec_flex_layout"
+
+
+def block_table(block_mask, batch: int = 0, head: int = 0) -> np.ndarray:
+    """Bool (query blocks, KV blocks): which KV blocks each query block of a BlockMask loads (partial or full)."""
+    kv_blocks = -(-block_mask.seq_lengths[1] // block_mask.BLOCK_SIZE[1])
+    out = np.zeros((block_mask.kv_num_blocks.shape[-1], kv_blocks), dtype=bool)
+    tables = [(block_mask.kv_num_blocks, block_mask.kv_indices)]
+    if block_mask.full_kv_num_blocks is not None:
+        tables.append((block_mask.full_kv_num_blocks, block_mask.full_kv_indices))
+    for num, idx in tables:
+        num, idx = num[batch, head].cpu().numpy(), idx[batch, head].cpu().numpy()  # (QB,), (QB, KB)
+        for qb, count in enumerate(num):
+            out[qb, idx[qb, :count]] = True
+    return out
+
+
+def block_mask_from_tables(q_blocks, kv_blocks, block_size, mask_mod, seq_lengths, device):
+    """A BlockMask whose block tables the caller fills in place: kv_num_blocks (1, 1, QB) zeros, kv_indices
+    (1, 1, QB, KB) = 0, 1, 2, ... per query block; no create_block_mask (no mask evaluation)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    num = torch.zeros(1, 1, q_blocks, dtype=torch.int32, device=device)  # (B, H, QB)
+    idx = torch.arange(kv_blocks, dtype=torch.int32, device=device).repeat(1, 1, q_blocks, 1)  # (B, H, QB, KB)
+    # compiled flex on a CPU needs the full-block tables (zeros: every loaded block applies the mask_mod)
+    full_num, full_idx = torch.zeros_like(num), torch.zeros_like(idx)
+    try:
+        return BlockMask.from_kv_blocks(num, idx, full_num, full_idx, BLOCK_SIZE=block_size, mask_mod=mask_mod,
+                                        seq_lengths=seq_lengths, compute_q_blocks=False)
+    except TypeError:  # torch without compute_q_blocks (q tables serve the backward pass only)
+        return BlockMask.from_kv_blocks(num, idx, full_num, full_idx, BLOCK_SIZE=block_size, mask_mod=mask_mod,
+                                        seq_lengths=seq_lengths)
+
+
+_COMPILED_FLEX = None
+
+ATTENTION_MODES = {
+    "compiled": "torch.compile(flex_attention): block-sparse, loads only the listed KV blocks (float32/bf16)",
+    "eager": "flex_attention unfused: applies the mask_mod to every score through vmap, ignores the block "
+             "tables (exact, float64 too; slow: about 90 ms per call for the tiny target on the 2-core CPU)",
+    "dense": "the same mask_mod rendered once per forward to a bool mask for sdpa (exact, fast on a CPU)",
+}
+
+
+def flex(query, key, value, block_mask, scale=None, compiled=False):
+    """flex_attention, eager or compiled (see ATTENTION_MODES). query (1, heads, R, dim), key/value
+    (1, kv_heads, K, dim); grouped-query attention when the head counts differ."""
+    global _COMPILED_FLEX
+    from torch.nn.attention.flex_attention import flex_attention
+
+    fn = flex_attention
+    if compiled:
+        if _COMPILED_FLEX is None:
+            # one compiled graph per (row count, key length, mask_mod code): a notebook or benchmark that times
+            # several masks at several lengths passes dynamo's default limit of 8, after which it would SILENTLY
+            # run flex_attention eager (every score materialised); decoding through one store adds none per step
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+            torch._dynamo.config.accumulated_cache_size_limit = max(
+                torch._dynamo.config.accumulated_cache_size_limit, 1024)
+            _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+        fn = _COMPILED_FLEX
+    return fn(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=query.shape[1] != key.shape[1])
+
+
+def layout_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The attention function transformers calls (registered as ATTENTION_NAME); query (1, heads, R, dim)."""
+    store = getattr(attention_mask, "specdec_store", None)
+    if store is None:
+        raise ValueError(f"a model switched to {ATTENTION_NAME!r} takes the BlockMask of FlexLayoutStore.prepare "
+                         f"as attention_mask (got {type(attention_mask).__name__})")
+    store.note_query(module.layer_idx, query)
+    if store.attention == "dense":
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=store.dense_mask(), scale=scaling,
+            enable_gqa=query.shape[1] != key.shape[1])  # (1, heads, R, dim)
+    else:
+        out = flex(query, key, value, attention_mask, scaling, store.attention == "compiled")
+    return out.transpose(1, 2).contiguous(), None
+
+
+def attach(model):
+    """Switch `model` to the store's attention function; returns the previous implementation's name."""
+    from transformers import AttentionInterface
+
+    cfg = model.config
+    if not getattr(model, "_supports_attention_backend", False):
+        raise ValueError(f"{type(model).__name__} does not take custom attention functions "
+                         f"(AttentionInterface): it cannot decode through a FlexLayoutStore")
+    kinds = set(getattr(cfg, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"} or getattr(cfg, "use_sliding_window", False):
+        raise ValueError(f"the store holds full-attention layers only; this model has {sorted(kinds)}"
+                         f"{' and a sliding window' if getattr(cfg, 'use_sliding_window', False) else ''}")
+    previous = getattr(cfg, "_attn_implementation", None) or "sdpa"
+    AttentionInterface.register(ATTENTION_NAME, layout_attention)
+    model.set_attn_implementation(ATTENTION_NAME)
+    return previous
