@@ -59,6 +59,15 @@ class Proposer:
     def start(self, state: LoopState) -> None:
         """Once, before the first step (the prompt is state.committed)."""
 
+    def target_cache(self, state: LoopState):
+        """The target's KV cache for this generation, made once after `start` (the loop owns it from then on):
+        a DynamicCache, or a cache with its own layout (FAFO: a flex_layout.FlexLayoutStore, whose compressed
+        KV its side rows read)."""
+        return kv_cache.new_cache(state.request.target)
+
+    def finish(self, state: LoopState) -> None:
+        """Once, after the last step, also when a step raised (undo what start/target_cache changed)."""
+
     def propose(self, state: LoopState, budget: int) -> Proposal:
         """This step's proposal; `budget` is the deepest draft that can still be emitted (deeper nodes are cut)."""
         return Proposal(DraftTree(state.committed[-1]))
@@ -73,10 +82,18 @@ class Proposer:
 
 def decode(req: Request, proposer: Proposer, debug: bool = False, lazy_head: bool = True) -> GenerationResult:
     """Run the loop (see the module doc). lazy_head: project only the rows the verdict reads (verify.RowLogits)."""
-    target, cache = req.target, kv_cache.new_cache(req.target)
+    target = req.target
     state = LoopState(req, req.input_ids[0].tolist(), debug=debug)
     proposer.start(state)
-    spec = forward_spec(target)  # backend, dtype, device, lazy_head_ok: once per call (after start), not per step
+    try:
+        cache = proposer.target_cache(state)
+        spec = forward_spec(target)  # backend, dtype, device, lazy_head_ok: once per call (after start), not per step
+        return _steps(req, proposer, state, target, cache, spec, debug, lazy_head)
+    finally:
+        proposer.finish(state)
+
+
+def _steps(req, proposer, state, target, cache, spec, debug, lazy_head) -> GenerationResult:
     lengths, steps = [], []
     while not req.is_done(state.tokens):
         t0 = time.perf_counter()

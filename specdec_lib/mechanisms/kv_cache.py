@@ -65,6 +65,9 @@ def compact(cache, keep_from: int, indices) -> None:
     head_dim): index_select the kept entries (a copy), write them to keep_from.., then slice like `crop`.
     In place: tensors taken from the cache before the call see the overwrite (deepcopy for snapshots).
     """
+    if hasattr(cache, "compact"):  # a cache with its own layout (flex_layout.FlexLayoutStore) does it itself
+        cache.compact(keep_from, indices)
+        return
     current = cache_length(cache)
     idx = [int(i) for i in indices]
     if any(not 0 <= i < current - keep_from for i in idx) or keep_from < 0:

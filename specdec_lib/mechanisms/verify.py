@@ -40,6 +40,7 @@ import torch
 
 from . import kv_cache
 from . import masks
+from .flex_backend import ATTENTION_NAME
 from .draft_tree import ROOT, DraftTree
 from ..sampling import SamplingConfig, pick_token, probs, sample
 
@@ -50,11 +51,15 @@ class SideRows:
     Lookahead's Jacobi rows and FAFO's fumble rows); their logits come back in `Verdict.side_logits`.
 
     tokens[i] sits at position root + depths[i]; it sees the committed text (only the keys where
-    `prefix_mod(kv_idx)` is True, when given: e.g. a compressed KV) and side row j where sees[i, j]."""
+    `prefix_mod(kv_idx)` is True, when given; only the compression's C(kv) when `compressed`, which needs the
+    target's cache to be a flex_layout.FlexLayoutStore) and side row j where sees[i, j]. `logits_rows`: the
+    side rows whose logits `verify` returns (all when None): FAFO reads one row per stream."""
     tokens: list[int]
     depths: list[int]
     sees: torch.Tensor  # bool (S, S), the diagonal included
     prefix_mod: Callable | None = None  # kv_idx -> bool over committed keys; None: all of them
+    compressed: bool = False  # see C(kv) only (FAFO's fumble rows)
+    logits_rows: list[int] | None = None
 
     def __post_init__(self):
         if not (len(self.tokens) == len(self.depths) == self.sees.shape[0] == self.sees.shape[1]):
@@ -144,8 +149,9 @@ def lazy_head_ok(target) -> bool:
 
 
 def build_forward(proposal: Proposal, pending: list[int], cached: int, backend: str = "sdpa",
-                  dtype=torch.float32, device=None) -> tuple[dict, int]:
-    """(model inputs, rows to keep) of the forward verifying `proposal` after `cached` cache entries."""
+                  dtype=torch.float32, device=None, cache=None) -> tuple[dict, int]:
+    """(model inputs, rows to keep) of the forward verifying `proposal` after `cached` cache entries.
+    A target attached to a FlexLayoutStore (backend flex_backend.ATTENTION_NAME) gets the store's mask: `cache`."""
     tree, side = proposal.tree, proposal.side
     m, n, s = len(pending), len(tree), len(side) if side is not None else 0
     root_row, root_pos = m - 1, cached + m - 1
@@ -153,7 +159,9 @@ def build_forward(proposal: Proposal, pending: list[int], cached: int, backend: 
     pos = list(range(cached, cached + m)) + [root_pos + d for d in tree.depths] + \
         ([root_pos + d for d in side.depths] if s else [])
     inputs = dict(input_ids=torch.tensor([ids], dtype=torch.long, device=device))  # (1, m + n + s)
-    if n or s:  # else: a plain causal forward; transformers derives the same positions and mask by itself (and
+    if backend == ATTENTION_NAME:
+        inputs.update(_store_mask(cache, proposal, m, cached, pos, device))
+    elif n or s:  # else: a plain causal forward; transformers derives the same positions and mask by itself (and
         # skips building a mask for it: given position_ids, it looks for packed sequences, +2% per token on a CPU)
         inputs["position_ids"] = torch.tensor([pos], dtype=torch.long, device=device)
         segments = [(0, masks.causal(cached))] if m > 1 else []
@@ -163,6 +171,29 @@ def build_forward(proposal: Proposal, pending: list[int], cached: int, backend: 
         inputs["attention_mask"] = masks.render(masks.by_rows(segments), m + n + s, cached + m + n + s, backend,
                                                 dtype, device)
     return inputs, 1 + n + s
+
+
+def _store_mask(store, proposal: Proposal, m: int, cached: int, pos: list[int], device) -> dict:
+    """position_ids and the BlockMask of the store's layout: the same visibility as the mask_mods above, with
+    committed keys at slots < cached in any order, so only the forward's own rows need evaluating."""
+    if not hasattr(store, "prepare"):
+        raise ValueError(f"the target runs the store's attention ({ATTENTION_NAME!r}) but its cache is a "
+                         f"{type(store).__name__}: give the loop a flex_layout.FlexLayoutStore")
+    tree, side = proposal.tree, proposal.side
+    n, s = len(tree), len(side) if side is not None else 0
+    rows = m + n + s
+    segments = [(0, masks.causal(cached))]
+    if n or s:
+        segments.append((m - 1, masks.tree(tree.parents, m - 1, cached)))
+    if s:
+        segments.append((m + n, side.mask_mod(m + n, cached, cached + m - 1)))
+    q_idx, kv_idx = torch.arange(rows)[:, None], torch.arange(cached, cached + rows)[None, :]
+    sees = torch.broadcast_to(masks.by_rows(segments)(0, 0, q_idx, kv_idx), (rows, rows))  # (R, R) own rows
+    compressed = torch.zeros(rows, dtype=torch.bool)
+    if s and side.compressed:
+        compressed[m + n:] = True
+    positions = torch.tensor(pos, dtype=torch.long, device=device)
+    return dict(position_ids=positions[None], attention_mask=store.prepare(positions, sees, compressed))
 
 
 class ForwardSpec(NamedTuple):
@@ -183,8 +214,12 @@ def forward_proposal(target, cache, proposal: Proposal, pending: list[int], lazy
     """build_forward for this target (its attention backend, dtype and device: `spec`, resolved here when None)
     and run_forward: the rows of root, nodes and side rows, (1 + n + S, V) or RowLogits."""
     spec = spec or forward_spec(target)
+    side = proposal.side
+    if side is not None and side.compressed and spec.backend != ATTENTION_NAME:
+        raise ValueError("compressed side rows read C(kv) from a flex_layout.FlexLayoutStore: the target must be "
+                         "attached to one (the proposer's target_cache)")
     inputs, keep = build_forward(proposal, pending, kv_cache.cache_length(cache), spec.backend, spec.dtype,
-                                 spec.device)
+                                 spec.device, cache)
     return run_forward(target, cache, inputs, keep, lazy and spec.lazy_ok, checked=True)
 
 
@@ -255,7 +290,10 @@ def verify(target, cache, proposal: Proposal, committed: list[int], sampling: Sa
     rows = forward_proposal(target, cache, proposal, pending, lazy, spec)
     n, side_logits = len(tree), None
     if proposal.side is not None and len(proposal.side):
-        side_logits = rows.head(rows.hidden[n + 1:]) if isinstance(rows, RowLogits) else rows[n + 1:]  # (S, V)
+        pick = proposal.side.logits_rows
+        pick = slice(None) if pick is None else torch.tensor(pick, dtype=torch.long, device=_rows_device(rows))
+        side_logits = rows.head(rows.hidden[n + 1:][pick]) if isinstance(rows, RowLogits) \
+            else rows[n + 1:][pick]  # (S or len(logits_rows), V)
     if proposal.q is not None and not sampling.greedy:
         p = probs(rows.full()[:n + 1] if isinstance(rows, RowLogits) else rows[:n + 1], sampling)  # (n + 1, V)
         k, token = speculative_chain(p, proposal.q, tree.tokens, generator)
@@ -265,6 +303,10 @@ def verify(target, cache, proposal: Proposal, committed: list[int], sampling: Sa
         full = not tree.children(accepted[-1] if accepted else ROOT)
     return Verdict(proposal, accepted, [tree.tokens[i] for i in accepted], token, full, len(committed) - 1, rows,
                    side_logits)
+
+
+def _rows_device(rows) -> torch.device:
+    return rows.hidden.device if isinstance(rows, RowLogits) else rows.device
 
 
 def commit(cache, prefix_len: int, kept: list[int]) -> None:

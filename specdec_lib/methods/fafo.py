@@ -1,0 +1,158 @@
+"""FAFO, "Fumble Around and Find Out": draftless, lossless; guesses decoded on a compressed KV, verified on the full.
+
+FAFO paper §4.2 (fumble decoding), §4.3 / Alg. 3-4 (find-out verification), Appendix E (the column-wise token
+layout and the fused mask), Appendix F (the pool: at most n subsequences per prefix, LRU). One forward per step
+through the target's own cache, a `flex_layout.FlexLayoutStore` (notebook 05):
+
+    fumble rows   n guess streams of k tokens, laid out column-wise (y_1^1 .. y_1^n, y_2^1 .. y_2^n, ...): a
+                  token sees C(kv) (the store's fixed blocks) and the earlier tokens of its own stream. The last
+                  token of each stream predicts the stream's next token (greedy); the oldest token is
+                  discarded, and the new subsequence y_2..y_{k+1} is cached in the pool under every suffix of
+                  the stream's last k discarded tokens (prefix caching, Alg. 2).
+    find-out rows candidates from the pool, looked up by the longest suffix (m = k .. 1) of the committed text
+                  that is a key, up to n of them, as branches of a DraftTree: they see the FULL KV and are
+                  verified by the loop's tree walk (greedy, or one draw from p per emitted token: the
+                  candidates are a deterministic function of the history, so sampling is lossless too).
+
+Both are rows of ONE forward (SideRows with `compressed=True` ride the verifying forward); the commit keeps the
+accepted candidates' KV and drops the fumble rows' (one KV cache, no draft model).
+
+What the paper leaves open, and what we chose:
+- where a stream sits: stream i's tokens at positions root + 1 + i + j (j = 0..k-1), relative to the current
+  root, as Lookahead's window columns; a stream is never re-aligned after an accepted run;
+- how streams start: k-token windows of the prompt, drawn with a seeded RNG (deterministic);
+- retrieval counts as use for the LRU order; a subsequence cached under several prefixes is one candidate;
+- the stream's next token is the argmax of its last row also when the loop samples (it is only a guess).
+
+Simplifications: batch size 1; the fumble rows of every stream are re-fed each step (k x n rows), as
+Lookahead re-feeds its window; one C for every layer and head (flex_layout).
+"""
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+
+import torch
+
+from ..checks import check_int
+from ..loop import LoopState, Proposal, Proposer, SideRows, register_proposer
+from ..mechanisms import flex_layout
+from ..mechanisms.compression import Compression, Quest, StreamingLLM
+from ..mechanisms.draft_tree import ROOT, DraftTree
+
+
+class FumblePool:
+    """Subsequences keyed by the prefixes they followed; at most `cap` per prefix, least recently used out."""
+
+    def __init__(self, cap: int):
+        self.cap = cap
+        self.table: dict[tuple, OrderedDict] = {}
+
+    def add(self, discarded: list[int], subsequence: tuple) -> None:
+        """Cache `subsequence` under each suffix of `discarded` (lengths 1 .. len(discarded))."""
+        for m in range(1, len(discarded) + 1):
+            entries = self.table.setdefault(tuple(discarded[-m:]), OrderedDict())
+            entries[subsequence] = None
+            entries.move_to_end(subsequence)
+            if len(entries) > self.cap:
+                entries.popitem(last=False)
+
+    def lookup(self, context: list[int], n: int, max_prefix: int) -> list[tuple[int, tuple]]:
+        """Up to n (prefix length m, subsequence) pairs, longest matching suffix of `context` first."""
+        out, seen = [], set()
+        for m in range(min(max_prefix, len(context)), 0, -1):
+            entries = self.table.get(tuple(context[-m:]))
+            if not entries:
+                continue
+            for sub in reversed(list(entries)):  # most recent first
+                if sub not in seen:
+                    seen.add(sub)
+                    out.append((m, sub))
+                    entries.move_to_end(sub)
+                    if len(out) == n:
+                        return out
+        return out
+
+    def __len__(self) -> int:
+        return sum(len(e) for e in self.table.values())
+
+
+@register_proposer("fafo")
+class Fafo(Proposer):
+    """FAFO: guess streams decoded on a compressed KV ride the verifying forward (draftless)."""
+
+    def __init__(self, streams: int = 10, guess_len: int = 6, compression="streaming", budget: int = 128,
+                 sinks: int = 4, page: int = 16, block: int = flex_layout.BLOCK, attention: str = "auto",
+                 seed: int = 0):
+        check_int("streams", streams, 1)
+        check_int("guess_len", guess_len, 1)
+        check_int("budget", budget, 1)
+        check_int("block", block, 1)
+        if isinstance(compression, Compression):
+            self.compression = compression
+        elif compression == "streaming":
+            check_int("sinks", sinks, 0)
+            if budget <= sinks:
+                raise ValueError(f"budget={budget} must exceed sinks={sinks} (StreamingLLM keeps recent tokens too)")
+            self.compression = StreamingLLM(sinks, budget - sinks)
+        elif compression == "quest":
+            self.compression = Quest(budget, page)
+        else:
+            raise ValueError(f"compression must be 'streaming', 'quest' or a Compression, got {compression!r}")
+        if attention != "auto" and attention not in flex_layout.ATTENTION_MODES:
+            raise ValueError(f"attention must be 'auto' or one of {sorted(flex_layout.ATTENTION_MODES)}")
+        self.n, self.k, self.block, self.attention, self.seed = streams, guess_len, block, attention, seed
+        # the side rows' visibility is the same every step: row j * n + i is token j of stream i (column-wise)
+        rows = torch.arange(streams * guess_len)
+        stream, token = rows % streams, rows // streams
+        self.sees = (stream[:, None] == stream[None, :]) & (token[None, :] <= token[:, None])  # (S, S)
+        self.depths = (1 + stream + token).tolist()
+        self.last_rows = list(range((guess_len - 1) * streams, guess_len * streams))  # each stream's last token
+
+    def start(self, state: LoopState) -> None:
+        prompt, rng = state.committed, random.Random(self.seed)
+        self.streams = []
+        for _ in range(self.n):  # k-token windows of the prompt (repeated when the prompt is shorter)
+            start = rng.randrange(max(1, len(prompt) - self.k + 1))
+            window = (prompt[start:] * self.k)[:self.k]
+            self.streams.append(window)
+        self.discarded = [[] for _ in range(self.n)]  # per stream, its last k discarded tokens
+        self.pool = FumblePool(self.n)
+        self.found = self.proposed = 0
+        self._previous = None
+
+    def target_cache(self, state: LoopState):
+        req = state.request
+        rows = 1 + 2 * self.n * self.k  # root + candidates + fumble rows
+        capacity = -(-(req.prompt_length + req.max_new_tokens + rows) // self.block) * self.block
+        self._previous = flex_layout.attach(req.target)  # undone in finish()
+        return flex_layout.FlexLayoutStore(req.target, capacity, self.compression, block=self.block,
+                                           attention=self.attention)
+
+    def finish(self, state: LoopState) -> None:
+        if self._previous is not None:
+            state.request.target.set_attn_implementation(self._previous)
+
+    def propose(self, state: LoopState, budget: int) -> Proposal:
+        candidates = self.pool.lookup(state.committed, self.n, self.k) if budget > 0 else []
+        tree = DraftTree(state.committed[-1])
+        for _, sub in candidates:
+            tree.add_chain(ROOT, sub[:budget], merge=True)
+        self.proposed += bool(candidates)
+        tokens = [self.streams[i][j] for j in range(self.k) for i in range(self.n)]  # column-wise
+        side = SideRows(tokens, self.depths, self.sees, compressed=True, logits_rows=self.last_rows)
+        return Proposal(tree, side=side, info=dict(candidates=len(candidates), prefix_len=max(
+            (m for m, _ in candidates), default=0), pool=len(self.pool)))
+
+    def observe(self, state: LoopState, verdict) -> None:
+        self.found += bool(verdict.accepted)
+        predicted = verdict.side_logits.argmax(-1).tolist()  # (n,): each stream's next token
+        for i, token in enumerate(predicted):
+            self.discarded[i] = (self.discarded[i] + [self.streams[i][0]])[-self.k:]
+            self.streams[i] = self.streams[i][1:] + [token]
+            self.pool.add(self.discarded[i], tuple(self.streams[i]))
+
+    def stats(self) -> dict:
+        return dict(config=dict(streams=self.n, guess_len=self.k, compression=repr(self.compression),
+                                block=self.block), pool_size=len(self.pool), steps_with_candidates=self.proposed,
+                    steps_with_accepted_candidates=self.found)

@@ -1,0 +1,97 @@
+"""FAFO (methods/fafo.py): the pool, the fused forward's fumble rows against a naive recompute, clean-up, errors.
+
+Greedy parity, EOS, max_new_tokens and the sampling distribution come from test_contract.py (fafo is registered).
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from conftest import SHIPPED_PROMPTS, random_lm
+from specdec_lib import generate
+from specdec_lib.loop import LoopState
+from specdec_lib.decoding import Request
+from specdec_lib.mechanisms.compression import StreamingLLM
+from specdec_lib.mechanisms.verify import commit, forward_spec, verify
+from specdec_lib.methods.fafo import Fafo, FumblePool
+
+
+def test_pool_longest_prefix_first_capped_lru():
+    pool = FumblePool(cap=2)
+    pool.add([1, 2, 3], (7, 8))  # cached under (3,), (2, 3), (1, 2, 3)
+    pool.add([9, 3], (5, 6))  # under (3,), (9, 3)
+    assert pool.lookup([0, 1, 2, 3], n=5, max_prefix=3) == [(3, (7, 8)), (1, (5, 6))]
+    pool.add([3], (4, 4))  # (3,) now holds three: the least recently used, (7, 8), goes
+    assert [sub for _, sub in pool.lookup([5, 3], n=5, max_prefix=3)] == [(4, 4), (5, 6)]
+    assert pool.lookup([0, 1, 2, 3], n=1, max_prefix=3) == [(3, (7, 8))]  # still under the longer prefixes
+    assert pool.lookup([42], n=3, max_prefix=3) == []
+
+
+def test_fumble_rows_see_compressed_kv_and_their_stream_only():
+    """Step 2 of a run: each stream's last row equals a naive forward over the LOGICAL text with an explicit mask
+    (C's positions, the root, the stream's earlier tokens), float64."""
+    from specdec_lib import SamplingConfig
+
+    target = random_lm("llama", layers=2, seed=5, logit_scale=4.0)
+    ids = torch.randint(0, 97, (1, 40), generator=torch.Generator().manual_seed(2))
+    work = copy.deepcopy(target)  # the copy runs through the store; `target` stays the sdpa reference
+    req = Request(work, ids, 10, SamplingConfig(), None, None)
+    fafo = Fafo(streams=3, guess_len=4, budget=12, sinks=2, block=16)
+    state = LoopState(req, ids[0].tolist())
+    fafo.start(state)
+    store = fafo.target_cache(state)
+    try:
+        spec = forward_spec(work)
+        for step in range(2):
+            streams = [list(s) for s in fafo.streams]  # what this step's fumble rows hold
+            verdict = verify(work, store, fafo.propose(state, 9), state.committed, spec=spec)
+            commit(store, verdict.prefix_len, [])  # keep the root only (a plain step)
+            state.committed.append(verdict.next_token)
+            if step == 0:
+                fafo.observe(state, verdict)
+    finally:
+        fafo.finish(state)
+    # the second forward: 40 committed entries cached (the prompt), the root at position 40
+    cached, root = 40, state.committed[40]
+    positions = torch.arange(cached)
+    keep = (positions < 2) | (positions >= cached - 10)  # StreamingLLM(2, 10) over positions 0..39
+    hidden = torch.finfo(torch.float64).min
+    for i, stream in enumerate(streams):
+        rows = [root] + stream
+        mask = torch.full((cached + 5, cached + 5), hidden, dtype=torch.float64)
+        mask[:cached, :cached].masked_fill_(torch.ones(cached, cached, dtype=torch.bool).tril(), 0)  # the text
+        mask[cached:, :cached][:, keep] = 0  # root and stream rows see C(kv) ...
+        mask[cached:, cached:].masked_fill_(torch.ones(5, 5, dtype=torch.bool).tril(), 0)  # ... and each other
+        mask[cached, :cached] = 0  # the root (a verify row) sees everything
+        pos = list(range(cached + 1)) + [cached + 1 + i + j for j in range(4)]
+        with torch.no_grad():
+            logits = target(torch.tensor([state.committed[:cached] + rows]), position_ids=torch.tensor([pos]),
+                            attention_mask=mask[None, None]).logits[0, -1]
+        assert (verdict.side_logits[i] - logits).abs().max() < 1e-9, i
+
+
+def test_quest_and_the_target_restored(tiny_pair):
+    target = tiny_pair.target
+    ids = tiny_pair.encode(SHIPPED_PROMPTS[0])
+    want = generate("autoregressive", target, ids, 24).new_tokens
+    got = generate("fafo", target, ids, 24, compression="quest", budget=64, page=16, streams=4, guess_len=3)
+    assert got.new_tokens == want
+    assert target.config._attn_implementation == "sdpa"  # attach() was undone
+
+
+def test_target_restored_when_a_step_raises(monkeypatch):
+    target = random_lm("llama")
+    monkeypatch.setattr(Fafo, "observe", lambda self, state, verdict: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        generate("fafo", target, torch.tensor([[1, 2, 3]]), 5)
+    assert target.config._attn_implementation == "sdpa"
+
+
+@pytest.mark.parametrize("settings, match", [
+    (dict(streams=0), "streams"), (dict(guess_len=0), "guess_len"), (dict(budget=4, sinks=4), "exceed"),
+    (dict(compression="snap"), "compression must be"), (dict(attention="fast"), "attention must be")])
+def test_bad_settings_are_refused(settings, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        generate("fafo", random_lm("llama"), torch.tensor([[1, 2, 3]]), 5, **settings)
