@@ -81,6 +81,15 @@ def test_quest_and_the_target_restored(tiny_pair):
     assert target.config._attn_implementation == "sdpa"  # attach() was undone
 
 
+def test_two_forward_ablation_is_lossless_and_counts_its_forwards(tiny_pair64, tiny_pair):
+    target = tiny_pair64[0]
+    ids = tiny_pair.encode(SHIPPED_PROMPTS[1])
+    want = generate("autoregressive", target, ids, 20).new_tokens
+    got = generate("fafo", target, ids, 20, fused=False, streams=4, guess_len=3, debug=True)
+    assert got.new_tokens == want
+    assert got.stats["fumble_forwards"] == got.target_forwards - 1  # every step but the prefill's
+
+
 def test_target_restored_when_a_step_raises(monkeypatch):
     target = random_lm("llama")
     monkeypatch.setattr(Fafo, "observe", lambda self, state, verdict: 1 / 0)

@@ -24,6 +24,9 @@ What the paper leaves open, and what we chose:
 - retrieval counts as use for the LRU order; a subsequence cached under several prefixes is one candidate;
 - the stream's next token is the argmax of its last row also when the loop samples (it is only a guess).
 
+`fused=False` is the paper's "FAFO-2forward" ablation (Table 1): the fumble rows run in a forward of their own
+before the verifying forward (the proposer holds the store it made for this; the fused method never touches it).
+
 Simplifications: batch size 1; the fumble rows of every stream are re-fed each step (k x n rows), as
 Lookahead re-feeds its window; one C for every layer and head (flex_layout).
 """
@@ -83,7 +86,7 @@ class Fafo(Proposer):
 
     def __init__(self, streams: int = 10, guess_len: int = 6, compression="streaming", budget: int = 128,
                  sinks: int = 4, page: int = 16, block: int = flex_layout.BLOCK, attention: str = "auto",
-                 seed: int = 0):
+                 fused: bool = True, seed: int = 0):
         check_int("streams", streams, 1)
         check_int("guess_len", guess_len, 1)
         check_int("budget", budget, 1)
@@ -101,7 +104,10 @@ class Fafo(Proposer):
             raise ValueError(f"compression must be 'streaming', 'quest' or a Compression, got {compression!r}")
         if attention != "auto" and attention not in flex_layout.ATTENTION_MODES:
             raise ValueError(f"attention must be 'auto' or one of {sorted(flex_layout.ATTENTION_MODES)}")
+        if not isinstance(fused, bool):
+            raise TypeError(f"fused must be True or False, got {fused!r}")
         self.n, self.k, self.block, self.attention, self.seed = streams, guess_len, block, attention, seed
+        self.fused = fused
         # the side rows' visibility is the same every step: row j * n + i is token j of stream i (column-wise)
         rows = torch.arange(streams * guess_len)
         stream, token = rows % streams, rows // streams
@@ -118,7 +124,7 @@ class Fafo(Proposer):
             self.streams.append(window)
         self.discarded = [[] for _ in range(self.n)]  # per stream, its last k discarded tokens
         self.pool = FumblePool(self.n)
-        self.found = self.proposed = 0
+        self.found = self.proposed = self.fumble_forwards = 0
         self._previous = None
 
     def target_cache(self, state: LoopState):
@@ -126,8 +132,9 @@ class Fafo(Proposer):
         rows = 1 + 2 * self.n * self.k  # root + candidates + fumble rows
         capacity = -(-(req.prompt_length + req.max_new_tokens + rows) // self.block) * self.block
         self._previous = flex_layout.attach(req.target)  # undone in finish()
-        return flex_layout.FlexLayoutStore(req.target, capacity, self.compression, block=self.block,
-                                           attention=self.attention)
+        self.store = flex_layout.FlexLayoutStore(req.target, capacity, self.compression, block=self.block,
+                                                 attention=self.attention)
+        return self.store
 
     def finish(self, state: LoopState) -> None:
         if self._previous is not None:
@@ -140,13 +147,44 @@ class Fafo(Proposer):
             tree.add_chain(ROOT, sub[:budget], merge=True)
         self.proposed += bool(candidates)
         tokens = [self.streams[i][j] for j in range(self.k) for i in range(self.n)]  # column-wise
+        info = dict(candidates=len(candidates), prefix_len=max((m for m, _ in candidates), default=0),
+                    pool=len(self.pool))
+        if not self.fused:
+            self.predicted = self._fumble_pass(state, tokens)
+            return Proposal(tree, info=info)
         side = SideRows(tokens, self.depths, self.sees, compressed=True, logits_rows=self.last_rows)
-        return Proposal(tree, side=side, info=dict(candidates=len(candidates), prefix_len=max(
-            (m for m, _ in candidates), default=0), pool=len(self.pool)))
+        return Proposal(tree, side=side, info=info)
+
+    def _fumble_pass(self, state: LoopState, tokens: list[int]) -> list[int] | None:
+        """FAFO-2forward (the paper's Table 1 ablation): the fumble rows in a forward of their own, before the
+        verifying one; the root rides along (as in the fused forward) and every row is dropped after."""
+        store, cached = self.store, self.store.length
+        if cached != len(state.committed) - 1:  # the first step: the prompt is not prefilled yet
+            return None
+        rows = 1 + len(tokens)
+        sees = torch.zeros(rows, rows, dtype=torch.bool)
+        sees[:, 0] = True  # everyone sees the root
+        sees[1:, 1:] = self.sees
+        device = store.slot_pos.device
+        positions = torch.tensor([cached] + [cached + d for d in self.depths], device=device)
+        mask = store.prepare(positions, sees, [False] + [True] * len(tokens))
+        target = state.request.target
+        hidden = target.model(torch.tensor([[state.committed[-1]] + tokens], device=device),
+                              position_ids=positions[None], past_key_values=store, attention_mask=mask,
+                              use_cache=True).last_hidden_state[0]  # (rows, H)
+        store.rollback(cached)
+        self.fumble_forwards += 1
+        last = torch.tensor(self.last_rows, device=device) + 1
+        return target.get_output_embeddings()(hidden[last]).argmax(-1).tolist()  # (n,)
 
     def observe(self, state: LoopState, verdict) -> None:
         self.found += bool(verdict.accepted)
-        predicted = verdict.side_logits.argmax(-1).tolist()  # (n,): each stream's next token
+        if self.fused:
+            predicted = verdict.side_logits.argmax(-1).tolist()  # (n,): each stream's next token
+        else:
+            predicted = self.predicted
+            if predicted is None:
+                return
         for i, token in enumerate(predicted):
             self.discarded[i] = (self.discarded[i] + [self.streams[i][0]])[-self.k:]
             self.streams[i] = self.streams[i][1:] + [token]
@@ -154,5 +192,5 @@ class Fafo(Proposer):
 
     def stats(self) -> dict:
         return dict(config=dict(streams=self.n, guess_len=self.k, compression=repr(self.compression),
-                                block=self.block), pool_size=len(self.pool), steps_with_candidates=self.proposed,
-                    steps_with_accepted_candidates=self.found)
+                                block=self.block, fused=self.fused), pool_size=len(self.pool), steps_with_candidates=self.proposed,
+                    steps_with_accepted_candidates=self.found, fumble_forwards=self.fumble_forwards)
