@@ -1,0 +1,146 @@
+"""Lookahead decoding as a proposer of the one loop: Jacobi window rows and n-gram guesses in ONE target forward.
+
+Fu, Bailis, Stoica, Zhang 2024, "Break the Sequential Dependency of LLM Inference Using Lookahead Decoding",
+§3 (§3.1 lookahead branch, §3.2 verification branch, §3.3 decode, predict and verify in the same step);
+reference: hao-ai-lab/LookaheadDecoding (lade/decoding.py, lade/models/llama.py). Defaults are Spec-Bench's:
+window W=7, ngram N=5, guesses G=7. One step (root = the last committed token, P = its position):
+    guesses:   up to G (N-1)-grams from the pool under the root, hung under the root as a DraftTree (a trie:
+               shared prefixes merged); the loop's walk verifies them, so greedy and sampling stay lossless
+               (the guesses are a deterministic function of the history);
+    window:    N-1 levels x W columns as verify.SideRows; level i, column j sits at P + 1 + i + j and sees the
+               committed text (root included), level 0 at columns <= j, and its own column in levels 1..i
+               (the reference's rule, see `window_sees`); the guesses and the window never see each other;
+    observe:   the argmax of the target's logits at each last-level row (greedy also when sampling: the window
+               only generates guesses) gives one n-gram per column, (level 0..N-2 of column j, prediction j),
+               pooled under its first token; then level 0 is dropped and the predictions become the last level.
+The window's KV is dropped by the loop's commit; an accepted guess's KV stays in place (no re-feed). Only the
+last level's rows go through the LM head (SideRows.logits_rows): the other levels are context.
+
+Our layout against the reference's: the reference counts the root as column 0 of level 0 (level 0 has W - 1
+tokens, levels >= 1 have W, columns at P + i + c). We give every level W real tokens at P + 1 + i + j: the
+reference's window of width W + 1 without the root's column (the test builds the reference's mask that way).
+
+Choices and simplifications (say them when comparing with the paper):
+- warm-up as the reference: level 0 starts with W + N - 2 tokens drawn from the prompt by a fixed-seed RNG
+  (the reference's `random.choice(prompt)`, unseeded there); each warm-up step drops every level's column 0 and
+  adds the predictions as a new level, until N-1 levels of W columns (so positions stay aligned);
+- after k accepted tokens the window is kept as it is (the reference's ALWAYS_FWD_ONE=1): its positions are
+  relative to the root, so it moved on by k while its tokens advanced by one column;
+- the pool is also fed with the text's own n-grams (prompt, then every emitted token), as Spec-Bench runs the
+  reference (POOL_FROM_PROMPT=True); `from_text=False` pools the window's n-grams only;
+- guesses ride already during warm-up (the reference waits for N-1 levels), and are cut to the budget;
+- newest n-gram first, G per key, a repeated n-gram moves to the front (the reference keeps it LRU at the back);
+- the reference's EOS filter of the window (replace EOS by prompt tokens) is not done: an EOS in the window is
+  only a guess here; batch size 1.
+"""
+from __future__ import annotations
+
+import random
+
+import torch
+
+from ..checks import check_int
+from ..loop import LoopState, Proposal, Proposer, SideRows, register_proposer
+from ..mechanisms.draft_tree import ROOT, DraftTree
+
+
+def window_sees(levels: int, columns: int) -> torch.Tensor:
+    """bool (S, S), S = levels * columns, rows level-major: row (i, j) sees (i', j') iff i' == 0 and j' <= j
+    (the first level's earlier columns and its own), or j' == j and i' <= i (its own column, itself included)."""
+    level = torch.arange(levels).repeat_interleave(columns)  # (S,)
+    col = torch.arange(columns).repeat(levels)  # (S,)
+    first_row = (level[None, :] == 0) & (col[None, :] <= col[:, None])  # (S, S)
+    own_col = (col[None, :] == col[:, None]) & (level[None, :] <= level[:, None])  # (S, S)
+    return first_row | own_col
+
+
+class NgramPool:
+    """token -> (N-1)-grams that followed it, newest first, at most `cap` per token."""
+
+    def __init__(self, cap: int):
+        self.cap, self.grams, self.size = cap, {}, 0  # size: n-grams held, over all keys
+
+    def add(self, key: int, gram: tuple) -> None:
+        if self.cap == 0:
+            return
+        grams = self.grams.setdefault(key, [])
+        if gram in grams:
+            grams.remove(gram)  # a repeat moves to the front
+            self.size -= 1
+        grams.insert(0, gram)
+        self.size += 1
+        if len(grams) > self.cap:
+            grams.pop()  # the oldest
+            self.size -= 1
+
+    def add_text(self, seq: list[int], n: int, first: int = 0) -> None:
+        """The n-grams of seq starting at first.. (keyed by their first token), in text order."""
+        for s in range(first, len(seq) - n + 1):
+            self.add(seq[s], tuple(seq[s + 1:s + n]))
+
+    def get(self, key: int) -> list[tuple]:
+        return self.grams.get(key, [])
+
+
+@register_proposer("lookahead")
+class Lookahead(Proposer):
+    """Lookahead decoding (Jacobi window rows + n-gram pool guesses in one forward, tree-verified; Fu et al. 2024).
+
+    window W: columns of the Jacobi window; ngram N: n-gram size (N-1 window levels, guesses of N-1 tokens);
+    guesses G: n-grams kept per key (and proposed per step); from_text: pool the text's n-grams too; seed: the
+    window's initial draw from the prompt."""
+
+    def __init__(self, window: int = 7, ngram: int = 5, guesses: int = 7, from_text: bool = True, seed: int = 0):
+        self.W, self.N, self.G = check_int("window", window, 1), check_int("ngram", ngram, 2), \
+            check_int("guesses", guesses, 0)
+        if not isinstance(from_text, bool):
+            raise TypeError(f"from_text must be True or False, got {from_text!r}")
+        self.from_text, self.seed = from_text, check_int("seed", seed)
+
+    def start(self, state: LoopState) -> None:
+        prompt = state.committed
+        rng = random.Random(self.seed)  # own RNG: the window never touches the request's generator
+        # level 0 is wider by the N-2 columns the warm-up steps drop; one level until the window fills
+        self.levels = [[rng.choice(prompt) for _ in range(self.W + self.N - 2)]]
+        self.pool = NgramPool(self.G)
+        if self.from_text:
+            self.pool.add_text(prompt, self.N)
+        self.window_grams = self.guesses_proposed = 0
+
+    def propose(self, state: LoopState, budget: int) -> Proposal:
+        root = state.committed[-1]
+        tree = DraftTree(root)
+        length = min(self.N - 1, budget)  # deeper guess tokens could not be emitted
+        guesses = self.pool.get(root) if length > 0 else []
+        for gram in guesses:
+            tree._merge_chain(ROOT, gram[:length])  # pool grams are tuples of ints: the trusted append
+        levels, cols = len(self.levels), len(self.levels[0])
+        tokens = [t for level in self.levels for t in level]  # level-major, levels * cols
+        depths = [1 + i + j for i in range(levels) for j in range(cols)]  # level i, column j at root + 1 + i + j
+        last = list(range((levels - 1) * cols, levels * cols))  # only the newest level's predictions are read
+        side = SideRows(tokens, depths, window_sees(levels, cols), logits_rows=last)
+        self.guesses_proposed += len(guesses)
+        return Proposal(tree, side=side, info=dict(guesses=len(guesses), levels=levels, pool=self.pool.size))
+
+    def observe(self, state: LoopState, verdict) -> None:
+        levels, cols = len(self.levels), len(self.levels[0])
+        # side_logits (cols, V): the last level's rows (logits_rows); argmax even when sampling: the window only
+        # generates guesses
+        preds = verdict.side_logits.argmax(dim=-1).tolist()
+        if levels < self.N - 1:  # warm-up: the root moved on by one, so every level loses its column 0
+            self.levels = [level[1:] for level in self.levels] + [preds[1:]]
+        else:
+            for j in range(cols):  # column j is the n-gram (level 0..N-2 tokens, prediction) at P+1+j..
+                gram = [level[j] for level in self.levels] + [preds[j]]
+                self.pool.add(gram[0], tuple(gram[1:]))
+            self.window_grams += cols
+            self.levels = self.levels[1:] + [preds]  # drop level 0; the predictions are the new last level
+        if self.from_text:  # the n-grams the emitted tokens complete
+            n_new, committed = len(verdict.emitted), state.committed
+            self.pool.add_text(committed, self.N, max(0, len(committed) - n_new - self.N + 1))
+
+    def stats(self) -> dict:
+        return dict(config=dict(window=self.W, ngram=self.N, guesses=self.G, from_text=self.from_text,
+                                seed=self.seed),
+                    pool_keys=len(self.pool.grams), pool_ngrams=self.pool.size, window_ngrams=self.window_grams,
+                    guesses_proposed=self.guesses_proposed)
