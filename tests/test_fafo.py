@@ -104,3 +104,19 @@ def test_target_restored_when_a_step_raises(monkeypatch):
 def test_bad_settings_are_refused(settings, match):
     with pytest.raises((ValueError, TypeError), match=match):
         generate("fafo", random_lm("llama"), torch.tensor([[1, 2, 3]]), 5, **settings)
+
+
+def test_views_draw_streams_and_pool_without_touching_it():
+    from specdec_lib import viz
+
+    pool = FumblePool(cap=3)
+    pool.add([1, 2], (3, 4))
+    pool.add([2], (5, 6))
+    order = list(pool.table[(2,)])
+    fig = viz.pool_figure(pool, [7, 1, 2], n=4, k=2)
+    assert [list(r) for r in fig.data[0].text] == [["3", "4"], ["5", "6"]]  # the m=2 match first
+    assert list(fig.data[0].y)[0].startswith("0. m=2") and list(pool.table[(2,)]) == order  # LRU untouched
+    history = [[[1, 2, 3], [4, 5, 6]], [[2, 3, 9], [5, 6, 8]]]
+    streams = viz.streams_figure(history)
+    assert len(streams.frames) == 2 and [list(r) for r in streams.frames[1].data[0].z] == [[0, 0, 1], [0, 0, 1]]
+    assert [list(r) for r in streams.frames[0].data[0].text] == [["1", "2", "3"], ["4", "5", "6"]]

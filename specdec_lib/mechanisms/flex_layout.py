@@ -277,6 +277,14 @@ class FlexLayoutStore(Cache):
             self._dense_mask = masks.dense(mask_mod, self._rows, self.capacity, self.slot_pos.device)[None, None]
         return self._dense_mask
 
+    def logical_mask(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mask, key positions) of the forward in flight with the committed keys in LOGICAL order, for drawing:
+        bool (R, length + R) and the logical position of each column (committed ones sorted, then the rows)."""
+        dense = self.dense_mask()[0, 0]  # (R, capacity), physical slots
+        order = torch.cat([self.slot_pos[:self._base].argsort(),
+                           torch.arange(self._base, self._base + self._rows, device=self.slot_pos.device)])
+        return dense[:, order], self.slot_pos[order]
+
     def snapshot(self) -> LayoutSnapshot:
         return LayoutSnapshot(self.slot_pos.cpu().numpy().copy(), self.length, self.compressed, self.block,
                               self.fixed_blocks)

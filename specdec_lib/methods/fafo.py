@@ -60,8 +60,9 @@ class FumblePool:
             if len(entries) > self.cap:
                 entries.popitem(last=False)
 
-    def lookup(self, context: list[int], n: int, max_prefix: int) -> list[tuple[int, tuple]]:
-        """Up to n (prefix length m, subsequence) pairs, longest matching suffix of `context` first."""
+    def lookup(self, context: list[int], n: int, max_prefix: int, touch: bool = True) -> list[tuple[int, tuple]]:
+        """Up to n (prefix length m, subsequence) pairs, longest matching suffix of `context` first; `touch`:
+        count them as used (LRU order; a viewer looks without touching)."""
         out, seen = [], set()
         for m in range(min(max_prefix, len(context)), 0, -1):
             entries = self.table.get(tuple(context[-m:]))
@@ -71,7 +72,8 @@ class FumblePool:
                 if sub not in seen:
                     seen.add(sub)
                     out.append((m, sub))
-                    entries.move_to_end(sub)
+                    if touch:
+                        entries.move_to_end(sub)
                     if len(out) == n:
                         return out
         return out
@@ -192,5 +194,6 @@ class Fafo(Proposer):
 
     def stats(self) -> dict:
         return dict(config=dict(streams=self.n, guess_len=self.k, compression=repr(self.compression),
-                                block=self.block, fused=self.fused), pool_size=len(self.pool), steps_with_candidates=self.proposed,
+                                block=self.block, fused=self.fused),
+                    pool_size=len(self.pool), steps_with_candidates=self.proposed,
                     steps_with_accepted_candidates=self.found, fumble_forwards=self.fumble_forwards)
