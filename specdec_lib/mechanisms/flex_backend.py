@@ -88,8 +88,9 @@ def layout_attention(module, query, key, value, attention_mask, scaling=None, dr
                          f"as attention_mask (got {type(attention_mask).__name__})")
     store.note_query(module.layer_idx, query)
     if store.attention == "dense":
+        end = store.valid_slots()  # slots past the forward's own rows hold nothing: leave them out
         out = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=store.dense_mask(), scale=scaling,
+            query, key[:, :, :end], value[:, :, :end], attn_mask=store.dense_mask()[..., :end], scale=scaling,
             enable_gqa=query.shape[1] != key.shape[1])  # (1, heads, R, dim)
     else:
         out = flex(query, key, value, attention_mask, scaling, store.attention == "compiled")

@@ -270,11 +270,19 @@ class FlexLayoutStore(Cache):
             self.queries[layer] = query[0, :, -1]
             self._queried = True
 
+    def valid_slots(self) -> int:
+        """Slots in use during the forward in flight: committed entries and its own rows."""
+        return self._base + self._rows
+
     def dense_mask(self) -> torch.Tensor:
-        """The forward in flight's mask_mod evaluated on every (row, slot): bool (1, 1, R, capacity)."""
+        """The forward in flight's mask_mod evaluated on every (row, slot): bool (1, 1, R, capacity) (only the
+        first valid_slots() columns are evaluated; the rest are False)."""
         if self._dense_mask is None:
             mask_mod = self._forwards[self._rows].block_mask.mask_mod
-            self._dense_mask = masks.dense(mask_mod, self._rows, self.capacity, self.slot_pos.device)[None, None]
+            mask = torch.zeros(self._rows, self.capacity, dtype=torch.bool, device=self.slot_pos.device)
+            mask[:, :self.valid_slots()] = masks.dense(mask_mod, self._rows, self.valid_slots(),
+                                                       self.slot_pos.device)
+            self._dense_mask = mask[None, None]
         return self._dense_mask
 
     def logical_mask(self) -> tuple[torch.Tensor, torch.Tensor]:
