@@ -12,9 +12,11 @@ The folders are the architecture, in reading order:
   `METHODS`, `GenerationResult`) -> loop (THE decoding loop; every method is a proposer plugged into it);
 - mechanisms/: ngram_table -> draft_tree -> masks -> kv_cache -> verify -> compression -> flex_layout (pure
   pieces the loop and the notebooks use);
-- methods/: autoregressive, prompt_lookup, cacheback, draft_model (proposers), peers (HF's own decoders);
+- methods/: autoregressive, prompt_lookup, cacheback, draft_model, lookahead, fafo (proposers), peers (HF's own
+  decoders);
 - bench/: harness (`python -m specdec_lib.bench`), ablation, costs, lossless, flex_layout (measuring);
-- viz/: figures and explorers by subject (tables, trees, masks, caches, acceptance, costs, layout, bench);
+- viz/: figures and explorers by subject (tables, trees, masks, caches, acceptance, costs, layout, fumble,
+  bench);
 - tools/: corpus, frozen_tables, train_tiny, model_card, make_prompts, run_notebooks, notebook (tooling).
 """
 from .models import ModelPair, check_same_vocab, load_models
