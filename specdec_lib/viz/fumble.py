@@ -26,7 +26,8 @@ def _stream_traces(streams, previous, decode):
         if previous is not None and previous[i][1:] == stream[:-1]:
             z[i, -1] = 1  # appended this step
     text = [[token_text([t], decode) for t in stream] for stream in streams]
-    return go.Heatmap(z=z.tolist(), text=text, texttemplate="%{text}", zmin=0, zmax=1, showscale=False,
+    return go.Heatmap(z=z.tolist(), text=text, texttemplate="%{text}", textfont=dict(size=13), zmin=0, zmax=1,
+                      showscale=False,
                       colorscale=[[0, DRAFTED], [1, ACCEPTED]], xgap=2, ygap=2, hoverinfo="text")
 
 
