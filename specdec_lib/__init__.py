@@ -10,9 +10,9 @@ Notation, used the same way in code, notebooks and plots:
 The folders are the architecture, in reading order:
 - the contract (this folder): models (load a pair) -> sampling (p and q) -> decoding (`generate`, the registry
   `METHODS`, `GenerationResult`) -> loop (THE decoding loop; every method is a proposer plugged into it);
-- mechanisms/: ngram_table -> draft_tree -> masks -> kv_cache -> verify -> compression -> flex_layout (pure
+- mechanisms/: ngram_table -> draft_tree -> masks -> kv_cache -> verify -> compression -> flex_layout, card_tree (pure
   pieces the loop and the notebooks use);
-- methods/: autoregressive, prompt_lookup, cacheback, draft_model, lookahead, fafo (proposers), peers (HF's own
+- methods/: autoregressive, prompt_lookup, cacheback, draft_model, card, lookahead, fafo (proposers), peers (HF's own
   decoders);
 - bench/: harness (`python -m specdec_lib.bench`), ablation, costs, lossless, flex_layout (measuring);
 - viz/: figures and explorers by subject (tables, trees, masks, caches, acceptance, costs, layout, fumble,

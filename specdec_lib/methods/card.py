@@ -1,0 +1,196 @@
+"""CARD: parallel query-and-correct (Zhou et al., "A Cache-Assisted Parallel Speculative Decoding Framework
+via Query-and-Correct Paradigm", §2): a drafter grows a beam-like tree of width K (mechanisms/card_tree.py)
+while the target queries ONE chain from it per step and sends back the correction.
+
+    start:   the tree from the prompt (the first layer feeds it to the draft)
+    propose: query the tree: greedy descent by cumulative score, or a chain drawn from q when sampling
+             (card_tree's module doc says why that is lossless); the loop verifies it as a chain
+    observe: correct the tree: hit (the target's token is a child of the last accepted node) -> prune to that
+             subtree; miss -> reset from the correct token
+
+Modes (`mode`):
+- "sync": deterministic fixed interleaving in the caller's thread: per target step the drafter adds exactly
+  `ratio` layers (one draft forward each), run inside propose right AFTER the query, i.e. where they would run
+  concurrently with the target's verify, so that the correction sees them (a chain descends to a leaf: with
+  the layers drafted before the query only, a fully accepted chain's bonus could never be a hit). Before a
+  query the tree must be `ratio` deep: on the first step and after a miss the target waits for the drafter;
+- "thread": a worker thread ("card-drafter") adds layers continuously (up to `max_depth`) under a
+  threading.Condition while the target verifies; propose waits for the same readiness as sync mode (`ratio`
+  layers since the last query and a tree `ratio` deep, or the tree at max_depth). Only the worker runs draft
+  forwards and touches the draft's KV: observe hands it the correction (an epoch bump), and a forward that
+  raced a correction is rolled back. On one machine
+  this SIMULATES the paper's two GPUs: the two threads share the CPU, each with ONE intra-op thread -
+  torch.set_num_threads is process-global, so start sets 1 for the whole process and finish restores the old
+  value (the forwards run outside the GIL, so drafter and target overlap on the 2 cores).
+  A worker exception is recorded and re-raised in the next propose/observe, or in finish; finish stops the
+  worker and joins it (with a timeout) on every exit: EOS, max_new_tokens, or an exception on either side.
+
+Per-step info: card_nodes (tree size at the query), card_layers (layers since the previous query), hit.
+stats(): hit rate, draft layers, config, and in thread mode the busy intervals (perf_counter start/end of each
+draft forward and of each target step = propose's return to observe's call) for a Gantt / overlap figure.
+
+Simplifications: the paper's two processes on two GPUs are one process (threads, or none); the target
+verifies one chain (no tree attention on the target side, as the paper); scores use the draft's raw
+probabilities; the drafter stops at `max_depth` layers ahead of the root.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from ..checks import check_int
+from ..loop import LoopState, Proposal, Proposer, register_proposer
+from ..mechanisms.card_tree import CardTree
+from ..mechanisms.draft_tree import DraftTree
+
+WORKER_NAME = "card-drafter"
+WAIT_S = 120.0  # the longest propose waits for the drafter / finish waits for the worker to stop
+
+
+@register_proposer("card", needs_draft=True)
+class Card(Proposer):
+    """CARD (query-and-correct): a width-K draft tree grown in parallel, one chain verified per step."""
+
+    def __init__(self, width: int = 8, ratio: int = 2, mode: str = "sync", max_depth: int = 12):
+        self.width = check_int("width", width, 1)
+        self.ratio = check_int("ratio", ratio, 1)
+        self.max_depth = check_int("max_depth", max_depth, 1)
+        if mode not in ("sync", "thread"):
+            raise ValueError(f"mode must be 'sync' or 'thread', got {mode!r}")
+        self.mode = mode
+        self.worker = None
+
+    # ---- lifecycle --------------------------------------------------------------------------------------
+
+    def start(self, state: LoopState) -> None:
+        req = state.request
+        self.sampling, self.generator = req.sampling, req.generator
+        self.tree = CardTree(req.draft, self.width, state.committed)
+        self.since_query, self.hits, self.misses = 0, 0, 0
+        self.draft_busy: list[tuple[float, float]] = []
+        self.target_busy: list[tuple[float, float]] = []
+        self._t_query = None
+        self.error, self.reported = None, False
+        if self.mode == "sync":
+            return
+        self.cond = threading.Condition()
+        self.stop, self.epoch, self.applied, self.pending = False, 0, 0, None
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # process-global: drafter and target get one intra-op thread each
+        self.worker = threading.Thread(target=self._work, name=WORKER_NAME, daemon=True)
+        self.worker.start()
+
+    def finish(self, state: LoopState) -> None:
+        if self.worker is None:
+            return
+        with self.cond:
+            self.stop = True
+            self.cond.notify_all()
+        self.worker.join(WAIT_S)
+        alive, self.worker = self.worker.is_alive(), None
+        torch.set_num_threads(self.threads)
+        if alive:
+            raise RuntimeError(f"the CARD drafter did not stop within {WAIT_S} s")
+        self._raise_worker_error()
+
+    def _raise_worker_error(self) -> None:
+        if self.error is not None and not self.reported:
+            self.reported = True
+            raise RuntimeError("the CARD drafter failed") from self.error
+
+    # ---- the worker (thread mode) -----------------------------------------------------------------------
+
+    def _work(self) -> None:
+        try:
+            with torch.inference_mode():  # grad mode is per thread: the loop's inference_mode is not ours
+                while True:
+                    with self.cond:
+                        self.cond.wait_for(lambda: self.stop or self.pending is not None or self._can_grow())
+                        if self.stop:
+                            return
+                        if self.pending is not None:
+                            self.tree.correct(self.pending)
+                            self.pending, self.applied = None, self.epoch
+                            self.cond.notify_all()
+                            continue
+                        job, epoch = self.tree.plan(), self.epoch
+                    t0 = time.perf_counter()
+                    logits = self.tree.forward(job)  # outside the lock: the target verifies meanwhile
+                    t1 = time.perf_counter()
+                    with self.cond:
+                        if job["kind"] != "expand":
+                            self.draft_busy.append((t0, t1))
+                        if epoch == self.epoch and self.pending is None:
+                            self.tree.apply(job, logits)
+                            self.since_query += 1
+                        elif job["kind"] != "expand":
+                            self.tree.discard(job)  # a correction came in: this layer hangs off a stale root
+                        self.cond.notify_all()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            with self.cond:
+                self.error = exc
+                self.cond.notify_all()
+
+    def _can_grow(self) -> bool:
+        return self.tree.depth < self.max_depth or self.tree.root_logits is None
+
+    # ---- the loop's hooks -------------------------------------------------------------------------------
+
+    def _ready(self) -> bool:
+        """The target may query: `ratio` layers since the last query and a tree at least `ratio` deep (after a
+        miss the target waits for the drafter), or the tree is at max_depth."""
+        return not self._can_grow() or (self.since_query >= self.ratio
+                                        and self.tree.depth >= min(self.ratio, self.max_depth))
+
+    def propose(self, state: LoopState, budget: int) -> Proposal:
+        if self.mode == "sync":
+            while budget > 0 and not self._ready():  # the first step, or after a miss: the target waits
+                self._grow()
+            proposal = self._query(budget)
+            for _ in range(self.ratio if budget > 0 else 0):  # the layers the drafter adds while the target verifies
+                if self._can_grow():
+                    self._grow()
+            self._t_query = time.perf_counter()
+            return proposal
+        with self.cond:
+            ready = self.cond.wait_for(lambda: self.error is not None or (
+                self.applied == self.epoch and self._ready()), WAIT_S)
+            self._raise_worker_error()
+            if not ready:
+                raise TimeoutError(f"the CARD drafter added no layer within {WAIT_S} s")
+            return self._query(budget)
+
+    def _grow(self) -> None:
+        self.tree.grow()
+        self.since_query += 1
+
+    def _query(self, budget: int) -> Proposal:
+        chain, q = self.tree.query(budget, self.sampling, self.generator)
+        info = dict(card_nodes=len(self.tree), card_layers=self.since_query, hit=None)
+        self.since_query = 0
+        self._t_query = time.perf_counter()
+        return Proposal(DraftTree.chain(self.tree.committed[-1], chain), q=q, info=info)
+
+    def observe(self, state: LoopState, verdict) -> None:
+        self.target_busy.append((self._t_query, time.perf_counter()))
+        if self.mode == "sync":
+            hit = self.tree.correct(state.committed)
+        else:
+            with self.cond:
+                self._raise_worker_error()
+                hit = self.tree.match(state.committed)[1]  # the worker applies the correction itself
+                self.pending, self.epoch = list(state.committed), self.epoch + 1
+                self.cond.notify_all()
+        verdict.proposal.info["hit"] = hit
+        self.hits += hit
+        self.misses += not hit
+
+    def stats(self) -> dict:
+        out = dict(card_width=self.width, card_ratio=self.ratio, card_mode=self.mode, card_max_depth=self.max_depth,
+                   draft_layers=self.tree.layers, hits=self.hits, misses=self.misses,
+                   hit_rate=self.hits / (self.hits + self.misses) if self.hits + self.misses else float("nan"))
+        if self.mode == "thread":
+            out.update(draft_busy=list(self.draft_busy), target_busy=list(self.target_busy))
+        return out

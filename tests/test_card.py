@@ -1,0 +1,200 @@
+"""CARD (methods/card.py, mechanisms/card_tree.py): the drafter's tree against a by-hand top-K beam, hit/miss
+corrections, thread mode = sync mode, clean shutdown of the worker, bad settings."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from specdec_lib import generate
+from specdec_lib.mechanisms import kv_cache
+from specdec_lib.mechanisms.card_tree import CardTree
+from specdec_lib.methods import card as card_module
+from specdec_lib.methods.card import WORKER_NAME, Card
+
+from conftest import random_lm, repeating_prompt
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+K = 3
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = random_lm("llama", seed=0, layers=3, logit_scale=20.0)
+    draft = random_lm("qwen2", seed=100, layers=1, logit_scale=20.0)
+    return target, draft, repeating_prompt(24, 0, target.config.vocab_size)[0].tolist()
+
+
+def next_logits(model, ids):
+    return model(input_ids=torch.tensor([ids])).logits[0, -1]  # (V,), no cache
+
+
+def by_hand_layer(draft, committed, paths, scores, width):
+    """The global top-`width` of the top-`width` children of each path: [(token, score, parent index)]."""
+    cand = []
+    for i, (path, base) in enumerate(zip(paths, scores)):
+        logp = torch.log_softmax(next_logits(draft, committed + path), -1)
+        top = torch.topk(logp, width)
+        cand += [(int(t), base + float(v), i) for v, t in zip(top.values, top.indices)]
+    return sorted(cand, key=lambda c: -c[1])[:width], cand
+
+
+def path(tree, i):
+    out = []
+    while i != -1:
+        out.append(tree.tokens[i])
+        i = tree.parents[i]
+    return out[::-1]
+
+
+@torch.inference_mode()
+def test_layers_match_a_by_hand_top_k_beam(models):
+    _, draft, ids = models
+    tree = CardTree(draft, K, ids)
+    frontier_paths, frontier_scores, frontier_nodes = [[]], [0.0], [-1]
+    for layer in range(4):
+        tree.grow()
+        best, cand = by_hand_layer(draft, ids, frontier_paths, frontier_scores, K)
+        assert len(tree.level2) == len(cand) == K * len(frontier_paths)  # the K x K secondary cache
+        new = tree.frontier
+        assert [tree.tokens[i] for i in new] == [t for t, _, _ in best], layer
+        assert [tree.parents[i] for i in new] == [frontier_nodes[p] for _, _, p in best], layer
+        assert [tree.depths[i] for i in new] == [layer + 1] * K
+        assert torch.allclose(torch.tensor([tree.scores[i] for i in new], dtype=torch.float64),
+                              torch.tensor([s for _, s, _ in best], dtype=torch.float64), atol=1e-8)
+        frontier_paths = [path(tree, i) for i in new]
+        frontier_scores = [tree.scores[i] for i in new]
+        frontier_nodes = new
+        # the tree-attention forward gives each fed node the logits sequential decoding of its path gives
+        for i in range(tree.fed):
+            assert torch.allclose(tree.logits[i], next_logits(draft, ids + path(tree, i)), atol=1e-8)
+    assert tree.layers == 4 and kv_cache.cache_length(tree.cache) == len(ids) + tree.fed == len(ids) + 3 * K
+
+
+@torch.inference_mode()
+def test_hit_prunes_to_the_subtree_and_miss_resets(models):
+    _, draft, ids = models
+    tree = CardTree(draft, K, ids)
+    for _ in range(4):  # depths 1-3 fed, depth 4 the frontier
+        tree.grow()
+    b = next(i for i in range(tree.fed) if tree.depths[i] == 2 and tree.children(i))  # a fed depth-2 node
+    a = tree.parents[b]
+    kids_b = tree.children(b)
+    grandkids = [i for i in range(len(tree)) if tree.parents[i] in kids_b]
+    logits_b = tree.logits[b].clone()
+    committed = ids + [tree.tokens[a], tree.tokens[b]]
+    assert tree.correct(committed) is True  # hit: the target's token b is a child of a
+    assert tree.committed == committed and tree.ctx == committed
+    assert len(tree) == len(kids_b) + len(grandkids) and tree.depth == 2  # only b's subtree, b = the new root
+    assert torch.equal(tree.root_logits, logits_b)
+    assert kv_cache.cache_length(tree.cache) == len(committed) + tree.fed
+    for i in range(tree.fed):  # the compacted KV still gives every kept node its own logits
+        assert torch.allclose(tree.logits[i], next_logits(draft, committed + path(tree, i)), atol=1e-8)
+    tree.grow()  # the next layer hangs off the compacted cache
+    for i in range(tree.fed):
+        assert torch.allclose(tree.logits[i], next_logits(draft, committed + path(tree, i)), atol=1e-8)
+    # miss: a token that is not a child of the root
+    wrong = next(t for t in range(draft.config.vocab_size) if t not in {tree.tokens[c] for c in tree.children(-1)})
+    committed = committed + [wrong]
+    assert tree.correct(committed) is False
+    assert len(tree) == 0 and tree.root_logits is None and tree.ctx == committed[:-1]
+    tree.grow()  # the reset: feeds the correct token, expands the new root
+    logp = torch.log_softmax(next_logits(draft, committed), -1)
+    assert [tree.tokens[i] for i in tree.frontier] == torch.topk(logp, K).indices.tolist()
+
+
+def drafter_threads():
+    return [t for t in threading.enumerate() if t.name == WORKER_NAME]
+
+
+def in_time(fn, seconds=120):
+    """Run fn in a helper thread: (result, exception), failing the test if it hangs."""
+    box = {}
+
+    def run():
+        try:
+            box["result"] = fn()
+        except BaseException as exc:  # noqa: BLE001
+            box["error"] = exc
+    helper = threading.Thread(target=run)
+    helper.start()
+    helper.join(seconds)
+    assert not helper.is_alive(), "generate hung"
+    return box.get("result"), box.get("error")
+
+
+@pytest.mark.parametrize("self_draft", [False, True])
+def test_thread_mode_gives_the_sync_greedy_tokens(models, self_draft):
+    target, draft, ids = models
+    draft = target if self_draft else draft
+    reference = generate("hf", target, ids, 40).new_tokens
+    sync = generate("card", target, ids, 40, draft=draft, debug=True)
+    result, error = in_time(lambda: generate("card", target, ids, 40, draft=draft, mode="thread", debug=True))
+    assert error is None, error
+    assert sync.new_tokens == result.new_tokens == reference
+    assert result.stats["card_mode"] == "thread" and result.stats["draft_busy"] and result.stats["target_busy"]
+    if self_draft:
+        assert sync.stats["hit_rate"] > 0.5 and sync.mean_accepted > 2
+    assert all(s["hit"] in (True, False) for s in result.stats["steps"])
+    assert not drafter_threads()
+
+
+def test_thread_mode_stops_at_eos_and_max_new_tokens(models):
+    target, _, ids = models
+    reference = generate("hf", target, ids, 12).new_tokens
+    for n in (1, 2, 5):
+        result, error = in_time(lambda: generate("card", target, ids, n, draft=target, mode="thread"))
+        assert error is None and result.new_tokens == reference[:n]
+    eos = reference[6]
+    result, error = in_time(lambda: generate("card", target, ids, 12, draft=target, mode="thread",
+                                             eos_token_id=eos))
+    assert error is None and result.new_tokens == reference[:reference.index(eos) + 1]
+    assert not drafter_threads()
+
+
+def test_thread_mode_shuts_down_when_observe_raises(models, monkeypatch):
+    target, draft, ids = models
+    calls = []
+    original = Card.observe
+
+    def observe(self, state, verdict):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyError("observe failed")
+        return original(self, state, verdict)
+
+    monkeypatch.setattr(Card, "observe", observe)
+    _, error = in_time(lambda: generate("card", target, ids, 30, draft=draft, mode="thread"))
+    assert isinstance(error, KeyError) and len(calls) == 3
+    assert not drafter_threads()
+
+
+def test_a_worker_exception_reaches_the_caller(models, monkeypatch):
+    target, draft, ids = models
+    calls = []
+    original = card_module.CardTree.forward
+
+    def forward(self, job):
+        calls.append(threading.current_thread().name)
+        if len(calls) == 4:
+            raise ValueError("drafter failed")
+        return original(self, job)
+
+    monkeypatch.setattr(card_module.CardTree, "forward", forward)
+    _, error = in_time(lambda: generate("card", target, ids, 30, draft=draft, mode="thread"))
+    assert isinstance(error, RuntimeError) and isinstance(error.__cause__, ValueError), error
+    assert set(calls) == {WORKER_NAME}  # only the worker drafts in thread mode
+    assert not drafter_threads()
+
+
+@pytest.mark.parametrize("settings, exc", [
+    (dict(width=0), ValueError), (dict(width=True), TypeError), (dict(ratio=0), ValueError),
+    (dict(ratio=2.0), TypeError), (dict(max_depth=0), ValueError), (dict(mode="async"), ValueError)])
+def test_bad_settings_raise(models, settings, exc):
+    target, draft, ids = models
+    with pytest.raises(exc):
+        Card(**settings)
+    with pytest.raises(exc):
+        generate("card", target, ids, 4, draft=draft, **settings)
+    assert not drafter_threads()
