@@ -26,7 +26,8 @@ Modes (`mode`):
   worker and joins it (with a timeout) on every exit: EOS, max_new_tokens, or an exception on either side.
 
 Per-step info: card_nodes (tree size at the query), card_layers (layers since the previous query), hit.
-stats(): hit rate, draft layers, config, and in thread mode the busy intervals (perf_counter start/end of each
+stats(): hit rate, draft layers (kept), config, and in thread mode the layers discarded by a correction and the
+busy intervals (perf_counter start/end of each
 draft forward and of each target step = propose's return to observe's call) for a Gantt / overlap figure.
 
 Simplifications: the paper's two processes on two GPUs are one process (threads, or none); the target
@@ -76,7 +77,7 @@ class Card(Proposer):
         if self.mode == "sync":
             return
         self.cond = threading.Condition()
-        self.stop, self.epoch, self.applied, self.pending = False, 0, 0, None
+        self.stop, self.epoch, self.applied, self.pending, self.discarded = False, 0, 0, None, 0
         self.threads = torch.get_num_threads()
         torch.set_num_threads(1)  # process-global: drafter and target get one intra-op thread each
         self.worker = threading.Thread(target=self._work, name=WORKER_NAME, daemon=True)
@@ -127,6 +128,7 @@ class Card(Proposer):
                             self.since_query += 1
                         elif job["kind"] != "expand":
                             self.tree.discard(job)  # a correction came in: this layer hangs off a stale root
+                            self.discarded += 1
                         self.cond.notify_all()
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             with self.cond:
@@ -192,5 +194,6 @@ class Card(Proposer):
                    draft_layers=self.tree.layers, hits=self.hits, misses=self.misses,
                    hit_rate=self.hits / (self.hits + self.misses) if self.hits + self.misses else float("nan"))
         if self.mode == "thread":
-            out.update(draft_busy=list(self.draft_busy), target_busy=list(self.target_busy))
+            out.update(discarded_layers=self.discarded, draft_busy=list(self.draft_busy),
+                       target_busy=list(self.target_busy))
         return out
