@@ -200,3 +200,21 @@ def test_bad_settings_raise(models, settings, exc):
     with pytest.raises(exc):
         generate("card", target, ids, 4, draft=draft, **settings)
     assert not drafter_threads()
+
+
+def test_busy_intervals_overlap_and_timeline():
+    """bench.timeline: the overlap of two interval lists, intervals from step records, and the Gantt figure."""
+    from types import SimpleNamespace
+
+    from specdec_lib import viz
+    from specdec_lib.bench import timeline
+
+    got = timeline.overlap([(0.0, 1.0), (2.0, 3.0), (2.5, 3.5)], [(0.5, 2.25), (3.0, 4.0)])
+    assert abs(got["both_s"] - (0.5 + 0.25 + 0.5)) < 1e-12 and got["wall_s"] == 4.0
+    steps = [dict(draft_us=1000.0, verify_ms=2.0, update_us=500.0)] * 2
+    busy = timeline.busy_from_steps(SimpleNamespace(stats={"steps": steps}))
+    assert [tuple(round(t, 9) for t in span) for span in busy["draft"]] == [(0.0, 0.001), (0.0035, 0.0045)]
+    assert timeline.overlap(busy["draft"], busy["target"])["both_s"] == 0  # a sequential method never overlaps
+    fig = viz.timeline_figure({"draft_model": busy})
+    assert [t.name for t in fig.data] == ["draft_model: draft", "draft_model: target"]
+    assert [round(b, 9) for b in fig.data[1].base] == [1.0, 4.5] and list(fig.data[1].x) == [2.0, 2.0]  # ms
