@@ -198,7 +198,7 @@ class FlexLayoutStore(Cache):
                                       own_rows(sees, self.base_t))
             q_blocks, kv_blocks = -(-rows // self.q_block), self.capacity // self.block
             block_mask = block_mask_from_tables(q_blocks, kv_blocks, (self.q_block, self.block), mask_mod,
-                                     (rows, self.capacity), device)
+                                                (rows, self.capacity), device)
             block_mask.specdec_store = self  # how the attention function finds the store
             self._forwards[rows] = _Forward(sees, flags, block_mask, [False] * q_blocks)
         return self._forwards[rows]

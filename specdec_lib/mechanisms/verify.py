@@ -159,41 +159,38 @@ def build_forward(proposal: Proposal, pending: list[int], cached: int, backend: 
     pos = list(range(cached, cached + m)) + [root_pos + d for d in tree.depths] + \
         ([root_pos + d for d in side.depths] if s else [])
     inputs = dict(input_ids=torch.tensor([ids], dtype=torch.long, device=device))  # (1, m + n + s)
-    if backend == ATTENTION_NAME:
-        inputs.update(_store_mask(cache, proposal, m, cached, pos, device))
-    elif n or s:  # else: a plain causal forward; transformers derives the same positions and mask by itself (and
-        # skips building a mask for it: given position_ids, it looks for packed sequences, +2% per token on a CPU)
-        inputs["position_ids"] = torch.tensor([pos], dtype=torch.long, device=device)
-        segments = [(0, masks.causal(cached))] if m > 1 else []
-        segments.append((root_row, masks.tree(tree.parents, root_row, cached, device)))
-        if s:
-            segments.append((m + n, side.mask_mod(m + n, cached, root_pos, device)))
-        inputs["attention_mask"] = masks.render(masks.by_rows(segments), m + n + s, cached + m + n + s, backend,
-                                                dtype, device)
+    store = backend == ATTENTION_NAME  # the store always needs its mask: it holds the rows' slots and kinds
+    if not (n or s or store):  # a plain causal forward; transformers derives the same positions and mask by itself
+        # (and skips building a mask for it: given position_ids, it looks for packed sequences, +2% per token)
+        return inputs, 1
+    positions = torch.tensor(pos, dtype=torch.long, device=device)  # (m + n + s,)
+    inputs["position_ids"] = positions[None]
+    segments = [(0, masks.causal(cached))] if m > 1 else []
+    segments.append((root_row, masks.tree(tree.parents, root_row, cached, device)))
+    if s:
+        segments.append((m + n, side.mask_mod(m + n, cached, root_pos, device)))
+    mask_mod, rows = masks.by_rows(segments), m + n + s
+    if store:
+        inputs["attention_mask"] = _store_mask(cache, mask_mod, rows, cached, m + n, side, positions)
+    else:
+        inputs["attention_mask"] = masks.render(mask_mod, rows, cached + rows, backend, dtype, device)
     return inputs, 1 + n + s
 
 
-def _store_mask(store, proposal: Proposal, m: int, cached: int, pos: list[int], device) -> dict:
-    """position_ids and the BlockMask of the store's layout: the same visibility as the mask_mods above, with
-    committed keys at slots < cached in any order, so only the forward's own rows need evaluating."""
+def _store_mask(store, mask_mod, rows: int, cached: int, first_side: int, side, positions):
+    """The BlockMask of the store's layout for `mask_mod`: committed keys sit at slots < cached in any order, so
+    only the forward's own rows (R x R) need evaluating; side rows flagged `compressed` see C(kv) only."""
     if not hasattr(store, "prepare"):
         raise ValueError(f"the target runs the store's attention ({ATTENTION_NAME!r}) but its cache is a "
                          f"{type(store).__name__}: give the loop a flex_layout.FlexLayoutStore")
-    tree, side = proposal.tree, proposal.side
-    n, s = len(tree), len(side) if side is not None else 0
-    rows = m + n + s
-    segments = [(0, masks.causal(cached))]
-    if n or s:
-        segments.append((m - 1, masks.tree(tree.parents, m - 1, cached)))
-    if s:
-        segments.append((m + n, side.mask_mod(m + n, cached, cached + m - 1)))
-    q_idx, kv_idx = torch.arange(rows)[:, None], torch.arange(cached, cached + rows)[None, :]
-    sees = torch.broadcast_to(masks.by_rows(segments)(0, 0, q_idx, kv_idx), (rows, rows))  # (R, R) own rows
+    device = positions.device
+    q_idx = torch.arange(rows, device=device)[:, None]  # (R, 1)
+    kv_idx = torch.arange(cached, cached + rows, device=device)[None, :]  # (1, R)
+    sees = torch.broadcast_to(mask_mod(0, 0, q_idx, kv_idx), (rows, rows))  # (R, R)
     compressed = torch.zeros(rows, dtype=torch.bool)
-    if s and side.compressed:
-        compressed[m + n:] = True
-    positions = torch.tensor(pos, dtype=torch.long, device=device)
-    return dict(position_ids=positions[None], attention_mask=store.prepare(positions, sees, compressed))
+    if side is not None and side.compressed:
+        compressed[first_side:] = True
+    return store.prepare(positions, sees, compressed)
 
 
 class ForwardSpec(NamedTuple):
@@ -290,10 +287,7 @@ def verify(target, cache, proposal: Proposal, committed: list[int], sampling: Sa
     rows = forward_proposal(target, cache, proposal, pending, lazy, spec)
     n, side_logits = len(tree), None
     if proposal.side is not None and len(proposal.side):
-        pick = proposal.side.logits_rows
-        pick = slice(None) if pick is None else torch.tensor(pick, dtype=torch.long, device=_rows_device(rows))
-        side_logits = rows.head(rows.hidden[n + 1:][pick]) if isinstance(rows, RowLogits) \
-            else rows[n + 1:][pick]  # (S or len(logits_rows), V)
+        side_logits = side_row_logits(rows, n + 1, proposal.side)
     if proposal.q is not None and not sampling.greedy:
         p = probs(rows.full()[:n + 1] if isinstance(rows, RowLogits) else rows[:n + 1], sampling)  # (n + 1, V)
         k, token = speculative_chain(p, proposal.q, tree.tokens, generator)
@@ -305,8 +299,11 @@ def verify(target, cache, proposal: Proposal, committed: list[int], sampling: Sa
                    side_logits)
 
 
-def _rows_device(rows) -> torch.device:
-    return rows.hidden.device if isinstance(rows, RowLogits) else rows.device
+def side_row_logits(rows, first: int, side: SideRows) -> torch.Tensor:
+    """Logits of the side rows (rows first.., those in side.logits_rows when given) of a forward's rows (a
+    tensor or RowLogits): (S or len(logits_rows), V)."""
+    pick = slice(None) if side.logits_rows is None else side.logits_rows
+    return rows.head(rows.hidden[first:][pick]) if isinstance(rows, RowLogits) else rows[first:][pick]
 
 
 def commit(cache, prefix_len: int, kept: list[int]) -> None:

@@ -39,7 +39,7 @@ import torch
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, SideRows, register_proposer
-from ..mechanisms import flex_layout
+from ..mechanisms import flex_layout, verify
 from ..mechanisms.compression import Compression, Quest, StreamingLLM
 from ..mechanisms.draft_tree import ROOT, DraftTree
 
@@ -163,21 +163,12 @@ class Fafo(Proposer):
         store, cached = self.store, self.store.length
         if cached != len(state.committed) - 1:  # the first step: the prompt is not prefilled yet
             return None
-        rows = 1 + len(tokens)
-        sees = torch.zeros(rows, rows, dtype=torch.bool)
-        sees[:, 0] = True  # everyone sees the root
-        sees[1:, 1:] = self.sees
-        device = store.slot_pos.device
-        positions = torch.tensor([cached] + [cached + d for d in self.depths], device=device)
-        mask = store.prepare(positions, sees, [False] + [True] * len(tokens))
-        target = state.request.target
-        hidden = target.model(torch.tensor([[state.committed[-1]] + tokens], device=device),
-                              position_ids=positions[None], past_key_values=store, attention_mask=mask,
-                              use_cache=True).last_hidden_state[0]  # (rows, H)
+        side = SideRows(tokens, self.depths, self.sees, compressed=True, logits_rows=self.last_rows)
+        rows = verify.forward_proposal(state.request.target, store, Proposal(DraftTree(state.committed[-1]),
+                                                                             side=side), [state.committed[-1]])
         store.rollback(cached)
         self.fumble_forwards += 1
-        last = torch.tensor(self.last_rows, device=device) + 1
-        return target.get_output_embeddings()(hidden[last]).argmax(-1).tolist()  # (n,)
+        return verify.side_row_logits(rows, 1, side).argmax(-1).tolist()  # (n,)
 
     def observe(self, state: LoopState, verdict) -> None:
         self.found += bool(verdict.accepted)
