@@ -64,7 +64,8 @@ class AttentionConfig:
         self.num_key_value_heads, self.head_dim = kv_heads, head_dim
 
 
-def _median_ms(fn, repeats: int, device) -> float:
+def median_ms(fn, repeats: int, device) -> float:
+    """Median wall milliseconds of fn() over `repeats` calls after one warm-up call, device synchronised."""
     fn()  # warm-up (compiles on the first call)
     synchronize(device)
     times = []
@@ -145,7 +146,7 @@ def kernel_rows(length: int, rows: int, budget: int, heads: int, kv_heads: int, 
     ]
     out = []
     for name, fn, loaded in cases:
-        out.append(dict(length=length, case=name, ms=_median_ms(fn, repeats, device), kv_blocks=loaded,
+        out.append(dict(length=length, case=name, ms=median_ms(fn, repeats, device), kv_blocks=loaded,
                         selected=in_fixed))
     return out
 
@@ -186,10 +187,10 @@ def model_rows(model, length: int, budget: int, block: int, repeats: int) -> lis
     previous = fl.attach(model)  # the model may come attached already (notebook 05): restored as found
     plain = previous if previous != fl.ATTENTION_NAME else "sdpa"
     try:
-        store_full = _median_ms(through_store(False), repeats, device)
-        store_comp = _median_ms(through_store(True), repeats, device)
+        store_full = median_ms(through_store(False), repeats, device)
+        store_comp = median_ms(through_store(True), repeats, device)
         model.set_attn_implementation(plain)
-        dynamic = _median_ms(dynamic_step, repeats, device)
+        dynamic = median_ms(dynamic_step, repeats, device)
     finally:
         model.set_attn_implementation(previous)
     return [dict(length=length, case="step: store, full rows", ms=store_full),
