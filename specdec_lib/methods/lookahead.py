@@ -113,7 +113,7 @@ class Lookahead(Proposer):
         length = min(self.N - 1, budget)  # deeper guess tokens could not be emitted
         guesses = self.pool.get(root) if length > 0 else []
         for gram in guesses:
-            tree._merge_chain(ROOT, gram[:length])  # pool grams are tuples of ints: the trusted append
+            tree.add_chain(ROOT, gram[:length], merge=True)  # shared prefixes merged: a trie
         levels, cols = len(self.levels), len(self.levels[0])
         tokens = [t for level in self.levels for t in level]  # level-major, levels * cols
         depths = [1 + i + j for i in range(levels) for j in range(cols)]  # level i, column j at root + 1 + i + j
