@@ -80,3 +80,19 @@ def all_match_hf(table, column: str = "all_match_hf", key: str = "method") -> bo
     """Every row but hf's reproduced hf's tokens, and hf's own rows are not compared with themselves (None)."""
     reference = table[key] == "hf"
     return bool(table.loc[~reference, column].astype(bool).all()) and bool(table.loc[reference, column].isna().all())
+
+
+@pytest.fixture(scope="session")
+def smoke_workbook(tmp_path_factory):
+    """Every notebook executed once in SMOKE mode as `make workbook` does (executed .ipynb, standalone pages,
+    figures, index.html): {"out": folder, "runs": {notebook name: NotebookRun}}. The notebook tests and the
+    browser test both read it, so no notebook runs twice."""
+    from specdec_lib.tools import run_notebooks
+
+    out = tmp_path_factory.mktemp("workbook")
+    jupyter_data = tmp_path_factory.mktemp("jupyter_data")  # the notebooks' trust signatures, not the user's
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECDEC_CACHE", str(out / "cache"))  # tables built on demand stay in the test's folder
+        mp.setenv("JUPYTER_DATA_DIR", str(jupyter_data))
+        runs = run_notebooks.run_all(out, smoke=True, timeout=300, log=lambda *a, **k: None)
+    return {"out": out, "runs": {run.name: run for run in runs}, "jupyter_data": jupyter_data}

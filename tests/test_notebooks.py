@@ -1,10 +1,18 @@
-"""Every notebook runs top to bottom in SMOKE mode on a fresh kernel, through `run_notebooks` (as `make workbook`)."""
+"""Every notebook runs top to bottom in SMOKE mode on a fresh kernel, through `run_notebooks` (as `make workbook`);
+its executed copy carries offline fallbacks and a standalone page; the runner's poll workaround returns a reply
+at once."""
 from __future__ import annotations
+
+import asyncio
+import re
+import time
+from queue import Empty
+from types import SimpleNamespace
 
 import nbformat
 import pytest
 
-from specdec_lib.tools import run_notebooks
+from specdec_lib.tools import offline_views, run_notebooks
 
 NOTEBOOKS = run_notebooks.find_notebooks()
 
@@ -14,9 +22,8 @@ def test_there_are_notebooks():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_in_smoke_mode(path, tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))  # tables built on demand stay in the test's folder
-    run = run_notebooks.run_notebook(path, tmp_path, smoke=True, timeout=300)
+def test_notebook_runs_in_smoke_mode(path, smoke_workbook):
+    run = smoke_workbook["runs"][path.name]
     assert run.ok, f"{run.name} failed:\n{run.error}"
     nb = nbformat.read(run.output, as_version=4)
     injected = [c for c in nb.cells if run_notebooks.INJECTED_TAG in c.metadata.get("tags", [])]
@@ -27,6 +34,28 @@ def test_notebook_runs_in_smoke_mode(path, tmp_path, monkeypatch):
     assert all(c.execution_count is not None for c in code), "some cells did not run"
     errors = [o for c in code for o in c.outputs if o.output_type == "error"]
     assert not errors, [f"{e.ename}: {e.evalue}" for e in errors]
+    # readable outside Jupyter: every plotly figure and every widget view also carries text/html
+    outputs = [o for c in code for o in c.outputs if o.get("data")]
+    for mime in (offline_views.PLOTLY_MIME, offline_views.WIDGET_VIEW_MIME):
+        assert all("text/html" in o.data for o in outputs if mime in o.data), f"{mime} output without text/html"
+    assert run.html is not None and run.html.exists()
+    page = run.html.read_text()
+    remote = re.findall(r'<script[^>]*\bsrc="((?:https?:)?//[^"]*)"', page)
+    assert not remote, f"the standalone page loads scripts from the network: {remote}"
+    assert (run.html.parent / offline_views.PLOTLY_JS).exists()
+
+
+def test_index_links_every_notebook_and_its_figures(smoke_workbook):
+    out = smoke_workbook["out"]
+    index = (out / "index.html").read_text()
+    for name in smoke_workbook["runs"]:
+        stem = name.removesuffix(".ipynb")
+        assert f'href="{stem}.html"' in index and f'href="{stem}.ipynb"' in index, stem
+        for figure in (out / stem).glob("*.html"):
+            assert f'href="{stem}/{figure.name}"' in index, figure
+            assert 'src="plotly.min.js"' in figure.read_text(), f"{figure} does not load the folder's plotly.js"
+        if any((out / stem).glob("*.html")):
+            assert (out / stem / offline_views.PLOTLY_JS).exists(), stem
 
 
 def test_injection_replaces_a_previous_injection():
@@ -50,3 +79,67 @@ def test_a_failing_cell_fails_the_run(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "broken.ipynb" in err and "boom" in err
     assert (tmp_path / "out" / "broken.ipynb").exists()
+
+
+class _MissedWakeUpChannel:
+    """A shell channel with nbclient#312's symptom: a poll sees only replies queued before it started, so one long
+    poll misses a reply that arrives during it and returns when its timeout expires."""
+
+    def __init__(self, reply_after_s: float):
+        self.ready_at = time.monotonic() + reply_after_s
+
+    async def get_msg(self, timeout=None):
+        queued = time.monotonic() >= self.ready_at
+        if queued:
+            return {"msg_type": "execute_reply"}
+        await asyncio.sleep(timeout)
+        raise Empty
+
+
+def test_poll_in_slices_picks_up_a_reply_a_long_poll_misses():
+    client = SimpleNamespace(kc=SimpleNamespace(shell_channel=_MissedWakeUpChannel(reply_after_s=0.3)))
+    unpatched = client.kc.shell_channel.get_msg
+    start = time.monotonic()
+    with pytest.raises(Empty):  # the symptom: a 2 s poll misses the reply sent after 0.3 s
+        asyncio.run(unpatched(timeout=2.0))
+    assert time.monotonic() - start >= 2.0
+    client.kc.shell_channel = _MissedWakeUpChannel(reply_after_s=0.3)
+    run_notebooks._poll_shell_in_slices(client, slice_s=0.1)
+    start = time.monotonic()
+    reply = asyncio.run(client.kc.shell_channel.get_msg(timeout=30.0))
+    assert reply["msg_type"] == "execute_reply" and time.monotonic() - start < 1.0
+    client.kc.shell_channel = _MissedWakeUpChannel(reply_after_s=60.0)
+    run_notebooks._poll_shell_in_slices(client, slice_s=0.1)
+    start = time.monotonic()
+    with pytest.raises(Empty):  # and it still gives up at the cell timeout
+        asyncio.run(client.kc.shell_channel.get_msg(timeout=0.5))
+    assert 0.5 <= time.monotonic() - start < 1.0
+
+
+def test_static_fallbacks_draw_plots_and_snapshot_explorers():
+    """A plotly output gets a plotly div; an explorer (a box of a slider, a dropdown and an Output holding a
+    figure) gets a snapshot naming the controls' values and holding the figure's div."""
+    figure = {"data": [{"type": "bar", "x": [1, 2], "y": [3, 4]}], "layout": {}}
+    state = {
+        "box": {"model_name": "VBoxModel", "state": {"children": ["IPY_MODEL_s", "IPY_MODEL_d", "IPY_MODEL_o"]}},
+        "s": {"model_name": "IntSliderModel", "state": {"description": "gamma", "value": 4}},
+        "d": {"model_name": "DropdownModel", "state": {"description": "prompt", "_options_labels": ["a", "b"],
+                                                       "index": 1}},
+        "o": {"model_name": "OutputModel", "state": {"outputs": [
+            {"output_type": "display_data", "data": {offline_views.PLOTLY_MIME: figure}, "metadata": {}}]}},
+    }
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x")])
+    nb.cells[0].outputs = [
+        nbformat.v4.new_output("display_data", data={offline_views.PLOTLY_MIME: figure}),
+        nbformat.v4.new_output("display_data", data={"text/plain": "VBox()", offline_views.WIDGET_VIEW_MIME: {
+            "model_id": "box", "version_major": 2, "version_minor": 0}}),
+    ]
+    nb.metadata["widgets"] = {offline_views.WIDGET_STATE_MIME: {"state": state, "version_major": 2,
+                                                               "version_minor": 0}}
+    assert offline_views.figure_count(nb) == {"plotly": 1, "plotly_in_widgets": 1, "widgets": 1}
+    assert offline_views.add_static_fallbacks(nb) == {"plotly": 2, "widgets": 1}
+    plot, snapshot = (o.data["text/html"] for o in nb.cells[0].outputs)
+    assert 'class="plotly-graph-div"' in plot and "Plotly.newPlot" in plot
+    assert offline_views.SNAPSHOT_CLASS in snapshot and "<b>gamma</b> <code>4</code>" in snapshot
+    assert "<b>prompt</b> <code>b</code>" in snapshot and "Plotly.newPlot" in snapshot
+    assert offline_views.add_static_fallbacks(nb) == {"plotly": 0, "widgets": 0}, "fallbacks are added once"

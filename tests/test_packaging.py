@@ -16,11 +16,11 @@ def _pyproject():
 def test_environment_yml_matches_pyproject():
     env = (ROOT / "environment.yml").read_text()
     project = _pyproject()["project"]
-    specs = project["dependencies"] + project["optional-dependencies"]["dev"] + \
-        project["optional-dependencies"]["lab"]
+    extras = project["optional-dependencies"]
+    specs = project["dependencies"] + extras["dev"] + extras["lab"] + extras["browser"]
     for spec in specs:
         assert re.search(rf"^\s*- {re.escape(spec)}\s*$", env, re.M), f"{spec} missing from environment.yml"
-    assert "-e .[dev,lab]" in env
+    assert "-e .[dev,lab,browser]" in env
 
 
 def test_makefile_pins_torch_and_ci_calls_make_test():

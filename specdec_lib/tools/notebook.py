@@ -28,11 +28,13 @@ def banner() -> str:
 
 
 def figure_saver(folder):
-    """A `save(fig, name)` that writes fig as HTML under `folder` (when set) and returns it for display."""
+    """A `save(fig, name)` that writes fig as HTML under `folder` (when set) and returns it for display.
+
+    The HTML loads plotly.js from `folder/plotly.min.js` (written with the first figure): no CDN."""
     def save(fig, name: str):
         if folder:
             Path(folder).mkdir(parents=True, exist_ok=True)
-            fig.write_html(Path(folder) / f"{name}.html", include_plotlyjs="cdn")
+            fig.write_html(Path(folder) / f"{name}.html", include_plotlyjs="directory")
         return fig
     return save
 

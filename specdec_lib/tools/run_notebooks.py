@@ -3,9 +3,24 @@
 Each notebook under `notebooks/` (matching --pattern) runs top to bottom on a fresh `python3` kernel through
 nbclient. Like papermill, a cell is injected right after the cell tagged `parameters`; it sets
 `FIGURES_DIR = "<out>/<notebook stem>"` (figures are saved there as HTML) and, with --smoke, `SMOKE = True`
-(the notebook's next cell shrinks its sizes). The executed copy is written to `<out>/<name>.ipynb`, the time
-of each notebook is printed, and the exit status is non-zero, naming the notebook and the error, when any cell
-fails.
+(the notebook's next cell shrinks its sizes). The executed copy is written to `<out>/<name>.ipynb`, with a
+text/html fallback for every plotly figure and a static snapshot of every explorer (`offline_views`), and as a
+standalone page `<out>/<name>.html` that draws its figures offline; `<out>/index.html` links every notebook's
+page, .ipynb and figures. The executed copies are signed as trusted for this user (what `jupyter trust` does):
+JupyterLab draws the saved widgets of trusted notebooks only, and these outputs are our own. The time of each notebook is printed, and the exit status is non-zero, naming the
+notebook and the error, when any cell fails.
+
+Why our own runner and not papermill or nbmake (both were considered; both sit on nbclient, like this one):
+- papermill does what `inject_parameters` does (a cell after the one tagged `parameters`) and writes executed
+  copies, but it waits for each cell's reply exactly as nbclient does, so it has the stall below, and it brings
+  a dozen dependencies (click, tenacity, requests, aiohttp, entrypoints, ...) for the ten lines it would replace;
+- nbmake runs notebooks as pytest items, but it cannot inject parameters (our tests need `SMOKE = True`), has
+  the same stall, and does not write the executed copies `make workbook` publishes.
+What only this runner does:
+- the nbclient poll stall (jupyter/nbclient#312): a cell whose kernel sends a burst of ipywidgets comm messages
+  (a slider explorer) may wait for its reply until the cell *timeout* expires; `_poll_shell_in_slices` re-polls
+  every half second (tests/test_notebooks.py runs such a cell and times it);
+- the offline views above (fallbacks, standalone HTML, the index).
 """
 from __future__ import annotations
 
@@ -18,6 +33,8 @@ from pathlib import Path
 
 import nbformat
 
+from specdec_lib.tools import offline_views
+
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 INJECTED_TAG = "injected-parameters"
 
@@ -28,6 +45,7 @@ class NotebookRun:
     seconds: float
     output: Path
     error: str | None = None
+    html: Path | None = None  # the standalone page (None when it could not be written)
 
     @property
     def ok(self) -> bool:
@@ -68,8 +86,10 @@ def _poll_shell_in_slices(client, slice_s: float = 0.5) -> None:
     channel.get_msg = get_msg
 
 
-def run_notebook(path, out_dir, smoke: bool = False, timeout: int = 600, kernel_name: str = "python3") -> NotebookRun:
-    """Execute one notebook into `out_dir/<name>.ipynb`; never raises on a cell error (see `.error`)."""
+def run_notebook(path, out_dir, smoke: bool = False, timeout: int = 600, kernel_name: str = "python3",
+                 html: bool = True) -> NotebookRun:
+    """Execute one notebook into `out_dir/<name>.ipynb` (and `<name>.html` when `html`); never raises on a cell
+    error (see `.error`)."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
@@ -92,9 +112,28 @@ def run_notebook(path, out_dir, smoke: bool = False, timeout: int = 600, kernel_
     except Exception as err:  # kernel death, timeout, missing kernel: report it like a cell error
         error = f"{type(err).__name__}: {err}"
     seconds = time.perf_counter() - start
+    offline_views.add_static_fallbacks(nb)
     output = out_dir / path.name
     nbformat.write(nb, output)
-    return NotebookRun(path.name, seconds, output, error)
+    _trust(nb)
+    page = None
+    if html:
+        try:
+            page = offline_views.export_html(nb, out_dir / f"{path.stem}.html",
+                                             mathjax_url=offline_views.local_mathjax_url(out_dir))
+        except Exception as err:  # a page that cannot be written fails the run like a cell would
+            error = error or f"HTML export failed: {type(err).__name__}: {err}"
+    return NotebookRun(path.name, seconds, output, error, page)
+
+
+def _trust(nb) -> None:
+    """Sign `nb` in the user's notebook-signature store (JUPYTER_DATA_DIR), as `jupyter trust` would."""
+    from nbformat.sign import NotebookNotary
+
+    try:
+        NotebookNotary().sign(nb)
+    except Exception as err:  # a read-only home: the notebook stays untrusted, JupyterLab shows the snapshots
+        print(f"could not mark the executed notebook trusted ({type(err).__name__}: {err})", file=sys.stderr)
 
 
 def find_notebooks(notebooks_dir=NOTEBOOKS_DIR, pattern: str = "*.ipynb") -> list[Path]:
@@ -103,6 +142,7 @@ def find_notebooks(notebooks_dir=NOTEBOOKS_DIR, pattern: str = "*.ipynb") -> lis
 
 def run_all(out_dir, smoke: bool = False, pattern: str = "*.ipynb", notebooks_dir=NOTEBOOKS_DIR,
             timeout: int = 600, stop_on_error: bool = False, log=print) -> list[NotebookRun]:
+    """Execute every notebook matching `pattern` into `out_dir`, then write `out_dir/index.html`."""
     paths = find_notebooks(notebooks_dir, pattern)
     if not paths:
         raise FileNotFoundError(f"no notebooks matching {pattern!r} under {notebooks_dir}")
@@ -114,6 +154,7 @@ def run_all(out_dir, smoke: bool = False, pattern: str = "*.ipynb", notebooks_di
         log(f"  {'ok' if run.ok else 'FAILED'} in {run.seconds:.1f} s -> {run.output}", flush=True)
         if not run.ok and stop_on_error:
             break
+    offline_views.write_index(out_dir, [Path(r.name).stem for r in runs])
     return runs
 
 
