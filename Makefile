@@ -5,6 +5,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+BROWSER_STAMP := $(VENV)/.installed-browser
 
 .PHONY: env workbook test lab models bench bench-layout clean-figures
 
@@ -19,12 +20,18 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
+# The browser test's extra (Playwright, JupyterLab); the browser itself is the system's Chromium (.ci/run installs
+# it with apt), since Playwright's own browser download needs the internet.
+$(BROWSER_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q $(TORCH_SPEC) -e ".[dev,browser]"
+	touch $(BROWSER_STAMP)
+
 env: $(STAMP)
 
 workbook: $(STAMP)
 	$(BIN)/python -m specdec_lib.tools.run_notebooks --out figures
 
-test: $(STAMP)
+test: $(BROWSER_STAMP)
 	$(BIN)/python -m pytest -q tests
 
 lab: $(STAMP)
