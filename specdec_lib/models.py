@@ -4,6 +4,9 @@ Every later notebook starts with `pair = load_models()`. The pair shares one tok
 vocabulary differs from the target's is refused here, once, with both sizes in the message, because every
 speculative method compares draft tokens with target tokens id by id.
 
+`load_models("auto")` is what the notebooks default to: on a GPU the small hub pair `HUB_PAIR` (one vocabulary),
+on a CPU or when the hub is out of reach the tiny pair; it prints which one it took and why.
+
 Simplifications: batch size 1 everywhere; the tokenizer is the target's.
 """
 from __future__ import annotations
@@ -17,6 +20,8 @@ import torch
 DATA_DIR = Path(os.environ.get("SPECDEC_DATA", Path(__file__).resolve().parent.parent / "data"))
 TINY_DIR = DATA_DIR / "models"
 PROMPTS_DIR = DATA_DIR / "prompts"
+# A small hub pair sharing one tokenizer (151,936 ids): what "auto" loads on a GPU (~4 GB in float32).
+HUB_PAIR = ("Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct")
 
 
 @dataclass
@@ -26,6 +31,7 @@ class ModelPair:
     tokenizer: object  # a transformers PreTrainedTokenizerFast
     device: torch.device
     name: str = "tiny"
+    spec: object = "tiny"  # what load_models loaded ("tiny" or (target, draft)): "auto" resolved, to load it again
 
     def encode(self, text: str) -> torch.Tensor:
         """Token ids of `text` as a (1, P) tensor on the pair's device."""
@@ -120,10 +126,14 @@ def _load_one(source: str, device, dtype, offline_hint: bool):
 def load_models(spec="tiny", device="auto", dtype="auto") -> ModelPair:
     """Load (target, draft, tokenizer).
 
-    spec: "tiny" (the pair under data/models), or a pair (target, draft) of local directories or hub ids.
+    spec: "tiny" (the pair under data/models), or a pair (target, draft) of local directories or hub ids, or
+    "auto": `HUB_PAIR` on a CUDA device, the tiny pair on a CPU or when the hub pair cannot be loaded (offline);
+    "auto" prints which pair it loaded and why.
     """
     from transformers import AutoTokenizer
 
+    if spec == "auto":
+        return _load_auto(device, dtype)
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     if spec == "tiny":
@@ -144,4 +154,21 @@ def load_models(spec="tiny", device="auto", dtype="auto") -> ModelPair:
     check_same_tokenizer(tokenizer, _draft_tokenizer(draft_src, offline))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return ModelPair(target=target, draft=draft, tokenizer=tokenizer, device=device, name=name)
+    return ModelPair(target=target, draft=draft, tokenizer=tokenizer, device=device, name=name,
+                     spec=spec if spec == "tiny" else (target_src, draft_src))
+
+
+def _load_auto(device, dtype) -> ModelPair:
+    """The hub pair on a GPU, else the tiny pair, saying which (notebooks run the same cells on either)."""
+    resolved = resolve_device(device)
+    if resolved.type != "cuda":
+        print(f"MODELS='auto': the shipped tiny pair (device {resolved.type}: the hub pair {HUB_PAIR} is for GPUs)")
+        return load_models("tiny", device=resolved, dtype=dtype)
+    try:
+        pair = load_models(HUB_PAIR, device=resolved, dtype=dtype)
+    except (ValueError, OSError) as err:  # offline, or the hub refused: the tiny pair runs everywhere
+        print(f"MODELS='auto': the shipped tiny pair (the hub pair {HUB_PAIR} could not be loaded: "
+              f"{str(err).splitlines()[0][:200]})")
+        return load_models("tiny", device=resolved, dtype=dtype)
+    print(f"MODELS='auto': the hub pair target={HUB_PAIR[0]}, draft={HUB_PAIR[1]} on {resolved}")
+    return pair

@@ -96,3 +96,22 @@ def test_rollback_equals_recompute():
     rollback(cache, 15)  # a no-op at the current length
     with pytest.raises(ValueError, match="cannot roll a cache of 15 tokens back to 16"):
         rollback(cache, 16)
+
+
+def test_auto_takes_the_tiny_pair_on_a_cpu_and_says_so(capsys):
+    pair = load_models("auto", device="cpu")
+    assert pair.name == "tiny" and pair.device.type == "cpu"
+    assert "MODELS='auto': the shipped tiny pair" in capsys.readouterr().out
+
+
+def test_auto_on_a_gpu_falls_back_to_tiny_offline(monkeypatch, capsys):
+    """On a GPU runtime "auto" asks for the hub pair; offline that fails and the tiny pair is loaded instead."""
+    import specdec_lib.models as models
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # the GPU branch without a GPU: "auto" resolves to cuda, every later placement stays on the CPU
+    monkeypatch.setattr(models, "resolve_device", lambda d: torch.device("cuda" if d == "auto" else "cpu"))
+    pair = load_models("auto")
+    assert pair.name == "tiny"
+    out = capsys.readouterr().out
+    assert "could not be loaded" in out and models.HUB_PAIR[0] in out
