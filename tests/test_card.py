@@ -1,7 +1,10 @@
 """CARD (methods/card.py, mechanisms/card_tree.py): the drafter's tree against a by-hand top-K beam, hit/miss
-corrections, thread mode = sync mode, clean shutdown of the worker, bad settings."""
+corrections, thread and process modes = sync mode, clean shutdown of the worker thread / drafter process,
+process-mode sampling against the target's exact distribution, bad settings."""
 from __future__ import annotations
 
+import multiprocessing
+import os
 import threading
 
 import pytest
@@ -9,6 +12,7 @@ import torch
 
 from specdec_lib import generate
 from specdec_lib.mechanisms import kv_cache
+from specdec_lib.mechanisms.card_process import PROCESS_NAME, DrafterProcess
 from specdec_lib.mechanisms.card_tree import CardTree
 from specdec_lib.methods import card as card_module
 from specdec_lib.methods.card import WORKER_NAME, Card
@@ -105,7 +109,9 @@ def test_hit_prunes_to_the_subtree_and_miss_resets(models):
 
 
 def drafter_threads():
-    return [t for t in threading.enumerate() if t.name == WORKER_NAME]
+    """Drafter threads and drafter processes still running (none may outlive a generate call)."""
+    return ([t for t in threading.enumerate() if t.name == WORKER_NAME]
+            + [p for p in multiprocessing.active_children() if p.name == PROCESS_NAME])
 
 
 def in_time(fn, seconds=120):
@@ -218,3 +224,96 @@ def test_busy_intervals_overlap_and_timeline():
     fig = viz.timeline_figure({"draft_model": busy})
     assert [t.name for t in fig.data] == ["draft_model: draft", "draft_model: target"]
     assert [round(b, 9) for b in fig.data[1].base] == [1.0, 4.5] and list(fig.data[1].x) == [2.0, 2.0]  # ms
+
+
+# ---------------------------------------------------------------- process mode (mechanisms/card_process.py)
+
+@pytest.mark.parametrize("self_draft", [False, True])
+def test_process_mode_gives_the_sync_greedy_tokens(models, self_draft):
+    target, draft, ids = models
+    draft = target if self_draft else draft
+    reference = generate("hf", target, ids, 40).new_tokens
+    result, error = in_time(lambda: generate("card", target, ids, 40, draft=draft, mode="process", debug=True))
+    assert error is None, error
+    assert result.new_tokens == reference
+    stats = result.stats
+    assert stats["card_mode"] == "process" and len(stats["target_busy"]) == result.target_forwards
+    assert len(stats["draft_busy"]) == stats["draft_layers"] > 0  # every draft forward, timed in the child
+    assert all(s["hit"] in (True, False) for s in stats["steps"])
+    assert stats["hits"] + stats["misses"] == result.target_forwards
+    if self_draft:  # the drafter is the target: every chain is accepted whole (hits depend on timing here)
+        assert result.mean_accepted > 2 and all(s["accepted"] == s["tree_size"] for s in stats["steps"])
+    assert torch.get_num_threads() == 1 and not drafter_threads()  # the one_thread fixture's value is back
+
+
+def test_process_mode_stops_at_eos_and_max_new_tokens(models):
+    target, _, ids = models
+    reference = generate("hf", target, ids, 12).new_tokens
+    for n in (1, 2, 5):
+        result, error = in_time(lambda: generate("card", target, ids, n, draft=target, mode="process"))
+        assert error is None and result.new_tokens == reference[:n]
+    eos = reference[6]
+    result, error = in_time(lambda: generate("card", target, ids, 12, draft=target, mode="process",
+                                             eos_token_id=eos))
+    assert error is None and result.new_tokens == reference[:reference.index(eos) + 1]
+    assert not drafter_threads()
+
+
+@pytest.mark.parametrize("failure", ["raise", "die"])
+def test_a_drafter_process_failure_reaches_the_caller(models, monkeypatch, failure):
+    """The child raising (its traceback comes back) or dying without a word: a clear error, no hang, no orphan."""
+    target, draft, ids = models
+    parent, calls = os.getpid(), []
+    original = CardTree.forward
+
+    def forward(self, job):
+        calls.append(os.getpid())
+        if os.getpid() != parent and len(calls) == 4:  # the 4th draft forward in the child (fork copied the patch)
+            if failure == "die":
+                os._exit(3)
+            raise ValueError("drafter failed")
+        return original(self, job)
+
+    monkeypatch.setattr(CardTree, "forward", forward)
+    _, error = in_time(lambda: generate("card", target, ids, 30, draft=draft, mode="process"))
+    assert isinstance(error, RuntimeError), error
+    assert ("ValueError: drafter failed" in str(error)) if failure == "raise" else ("died" in str(error))
+    assert calls == [] and not drafter_threads()  # only the child drafts
+
+
+def test_process_mode_shuts_down_when_observe_raises(models, monkeypatch):
+    target, draft, ids = models
+    calls = []
+    original = Card.observe
+
+    def observe(self, state, verdict):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyError("observe failed")
+        return original(self, state, verdict)
+
+    monkeypatch.setattr(Card, "observe", observe)
+    _, error = in_time(lambda: generate("card", target, ids, 30, draft=draft, mode="process"))
+    assert isinstance(error, KeyError) and len(calls) == 3
+    assert not drafter_threads()
+
+
+def test_process_mode_sampling_matches_the_target_distribution():
+    """Speculative sampling on chains drawn from the logits the child shares: chi-square against the exact
+    distribution of 2-token continuations (the contract test does this for sync mode)."""
+    from specdec_lib.bench.lossless import lossless_check
+
+    target = random_lm("llama", vocab=8, layers=1, hidden=16, seed=3, logit_scale=20.0)
+    draft = random_lm("qwen2", vocab=8, layers=1, hidden=16, seed=2, logit_scale=20.0)
+    base = [1, 2, 3]
+    ids = torch.tensor([base + generate("autoregressive", target, base, 12).new_tokens])
+    report = lossless_check("card", target, ids, length=2, n_samples=400, draft=draft, temperature=1.3,
+                            mode="process", width=2, ratio=1)
+    assert report.passed, str(report)
+    assert not drafter_threads()
+
+
+def test_process_mode_refuses_a_draft_off_the_cpu(models):
+    _, draft, ids = models
+    with pytest.raises(ValueError, match="mode='thread'"):
+        DrafterProcess(random_lm("qwen2", seed=1, layers=1).to("meta"), 2, ids, 4, share_logits=False)

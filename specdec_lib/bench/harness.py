@@ -16,7 +16,9 @@ Protocol (the one of Spec-Bench, Xia et al. 2024, at batch size 1):
 - `summarize` takes, per method and prompt, the median wall time over repeats; tokens/s is total new
   tokens / total of those medians (aggregate throughput over the suite; Spec-Bench averages per-prompt
   speeds instead, which gives short fast runs more weight), and speedup is that over hf's from the same
-  run. MAT is total new tokens / total target forwards.
+  run. MAT is total new tokens / total target forwards. Methods that report them add `hit_rate` (card's
+  cache hits) and `overlap` (card's concurrent modes: the fraction of wall time drafter and target both
+  computed, bench/timeline.py), averaged over runs.
 
 Suites: "code" and "editing" are the project's own (data/prompts/, written by `specdec_lib.tools.make_prompts`);
 any other name is a hub dataset (`--prompt-field`, `--split`) or a local .jsonl file. The CLI takes the
@@ -149,7 +151,8 @@ def run_bench(pair, suite, methods, max_new_tokens: int = 128, repeats: int = 3,
                                  prompt_tokens=ids.shape[1], new_tokens=len(result.new_tokens),
                                  wall_seconds=result.wall_seconds, tokens_per_second=result.tokens_per_second,
                                  target_forwards=result.target_forwards, mat=result.mean_accepted,
-                                 draft_forwards=result.stats.get("draft_forwards")))
+                                 draft_forwards=result.stats.get("draft_forwards"),
+                                 hit_rate=result.stats.get("hit_rate"), overlap=_overlap(result)))
                 bar.update()
                 if callback is not None:
                     callback(len(rows), len(prompts) * repeats * len(methods))
@@ -162,6 +165,16 @@ def run_bench(pair, suite, methods, max_new_tokens: int = 128, repeats: int = 3,
                 row["matches_hf"] = None  # sampling: equal tokens are not expected
     bar.close()
     return pd.DataFrame(rows)
+
+
+def _overlap(result) -> float | None:
+    """Concurrent methods (card's thread and process modes): the fraction of wall time both sides computed."""
+    if "draft_busy" not in result.stats or not result.stats["draft_busy"]:
+        return None
+    from .timeline import busy_from_card, overlap
+
+    busy = busy_from_card(result)
+    return overlap(busy["draft"], busy["target"])["fraction"]
 
 
 def summarize(runs: pd.DataFrame) -> pd.DataFrame:
@@ -177,8 +190,9 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
                          mat=mine.new_tokens.sum() / mine.target_forwards.sum(),
                          target_forwards=mine.target_forwards.mean(),
                          seconds=group.wall_seconds.sum(),
-                         all_match_hf=bool(matches.all()) if len(matches) else None))  # None: hf, sampling
-    table = pd.DataFrame(rows)
+                         all_match_hf=bool(matches.all()) if len(matches) else None,  # None: hf, sampling
+                         **{key: mine[key].mean() for key in ("hit_rate", "overlap") if key in mine}))
+    table = pd.DataFrame(rows).dropna(axis=1, how="all")  # hit_rate / overlap only when a method has them
     hf = table.loc[table.method == "hf", "tokens_per_s"]
     table.insert(3, "speedup", table.tokens_per_s / hf.iloc[0] if len(hf) else math.nan)
     table["_first"] = table.method != "hf"

@@ -36,9 +36,94 @@ from .draft_tree import ROOT
 from ..sampling import probs, sample
 
 
-class CardTree:
-    """The drafter's tree: node i has tokens[i], parents[i] (-1: the root), depths[i], scores[i] (cumulative
-    log-probability) and, once fed, logits[i] (the draft's next-token logits after it, (V,))."""
+class TreeShape:
+    """What the target reads of the drafter's tree: node i has tokens[i], parents[i] (-1: the root), depths[i],
+    scores[i] (cumulative log-probability) and, once fed, logits[i] (the draft's next-token logits after it,
+    (V,)); root_logits (None until the root is fed) and committed (committed[-1] is the root). `CardTree`
+    builds one; a process drafter's published copy (mechanisms/card_process.py) is another."""
+
+    tokens: list[int]
+    parents: list[int]
+    depths: list[int]
+    scores: list[float]
+    committed: list[int]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def depth(self) -> int:
+        return max(self.depths, default=0)
+
+    @property
+    def fed(self) -> int:
+        """Nodes whose KV is in the cache (a prefix of the node list)."""
+        return len(self.logits)
+
+    def children(self, i: int) -> list[int]:
+        return [c for c, p in enumerate(self.parents) if p == i]
+
+    def query(self, max_len: int, sampling, generator) -> tuple[list[int], torch.Tensor | None]:
+        """(chain tokens, q per chain token or None): see the module doc (greedy descent / drawn from q)."""
+        chain, q_rows, node = [], [], ROOT
+        if self.root_logits is None:
+            return [], None
+        while len(chain) < max_len:
+            if sampling.greedy:
+                kids = self.children(node)
+                if not kids:
+                    break
+                node = max(kids, key=lambda c: self.scores[c])
+                chain.append(self.tokens[node])
+                continue
+            row = self.root_logits if node == ROOT else self.logits[node]
+            q_rows.append(probs(row, sampling))  # (V,)
+            x = sample(q_rows[-1], generator)
+            chain.append(x)
+            node = next((c for c in self.children(node) if self.tokens[c] == x), None)
+            if node is None or node >= self.fed:  # no logits after x: the chain ends with it
+                break
+        return chain, (torch.stack(q_rows) if q_rows else None)
+
+    def match(self, committed: list[int]) -> tuple[list[int], bool]:
+        """(tree nodes spelling the longest prefix of the new committed tokens, True when all of them)."""
+        new, path, node = committed[len(self.committed):], [], ROOT
+        for tok in new:
+            node = next((c for c in self.children(node) if self.tokens[c] == tok), None)
+            if node is None:
+                break
+            path.append(node)
+        return path, len(path) == len(new) and len(new) > 0
+
+
+    def subtree(self, root: int) -> list[int]:
+        """The nodes under `root` (itself excluded), in index order (children come after their parent)."""
+        inside, sub = {root}, []
+        for i in range(root + 1, len(self.tokens)):
+            if self.parents[i] in inside:
+                inside.add(i)
+                sub.append(i)
+        return sub
+
+
+    def reindexed(self, root: int) -> tuple[list[int], dict]:
+        """The subtree under `root` as a tree of its own (root -> ROOT, depths from it, scores rebased on it):
+        (its nodes' old indices, dict of tokens, parents, depths, scores). correct() keeps this; a process
+        drafter's parent computes the same from its copy without waiting for the child."""
+        sub, new_index, base = self.subtree(root), {root: ROOT}, self.scores[root]
+        out = dict(tokens=[], parents=[], depths=[], scores=[])
+        for i in sub:
+            new_index[i] = len(out["tokens"])
+            parent = new_index[self.parents[i]]
+            out["tokens"].append(self.tokens[i])
+            out["parents"].append(parent)
+            out["depths"].append(1 if parent == ROOT else out["depths"][parent] + 1)
+            out["scores"].append(self.scores[i] - base)
+        return sub, out
+
+
+class CardTree(TreeShape):
+    """The drafter's tree (TreeShape's fields) with the draft model, its KV cache and the layer machinery."""
 
     def __init__(self, draft, width: int, committed: list[int]):
         self.draft, self.width = draft, width
@@ -56,21 +141,6 @@ class CardTree:
         self.root_logits = None if len(self.ctx) < len(self.committed) else self.root_logits
         self.frontier: list[int] = []  # nodes of the last layer, not fed yet
         self.level2: list[tuple[int, float, int]] = []  # B: (token, score, parent) of the last layer
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def depth(self) -> int:
-        return max(self.depths, default=0)
-
-    @property
-    def fed(self) -> int:
-        """Nodes whose KV is in the cache (a prefix of the node list)."""
-        return len(self.logits)
-
-    def children(self, i: int) -> list[int]:
-        return [c for c, p in enumerate(self.parents) if p == i]
 
     # ---- one layer: plan (what to feed), forward (the only code that writes the cache), apply ----------
 
@@ -143,39 +213,7 @@ class CardTree:
         job = self.plan()
         self.apply(job, self.forward(job))
 
-    # ---- the target's side -----------------------------------------------------------------------------
-
-    def query(self, max_len: int, sampling, generator) -> tuple[list[int], torch.Tensor | None]:
-        """(chain tokens, q per chain token or None): see the module doc (greedy descent / drawn from q)."""
-        chain, q_rows, node = [], [], ROOT
-        if self.root_logits is None:
-            return [], None
-        while len(chain) < max_len:
-            if sampling.greedy:
-                kids = self.children(node)
-                if not kids:
-                    break
-                node = max(kids, key=lambda c: self.scores[c])
-                chain.append(self.tokens[node])
-                continue
-            row = self.root_logits if node == ROOT else self.logits[node]
-            q_rows.append(probs(row, sampling))  # (V,)
-            x = sample(q_rows[-1], generator)
-            chain.append(x)
-            node = next((c for c in self.children(node) if self.tokens[c] == x), None)
-            if node is None or node >= self.fed:  # no logits after x: the chain ends with it
-                break
-        return chain, (torch.stack(q_rows) if q_rows else None)
-
-    def match(self, committed: list[int]) -> tuple[list[int], bool]:
-        """(tree nodes spelling the longest prefix of the new committed tokens, True when all of them)."""
-        new, path, node = committed[len(self.committed):], [], ROOT
-        for tok in new:
-            node = next((c for c in self.children(node) if self.tokens[c] == tok), None)
-            if node is None:
-                break
-            path.append(node)
-        return path, len(path) == len(new) and len(new) > 0
+    # ---- the correction (the target's side, query and match, is TreeShape's) ------------------------
 
     def correct(self, committed: list[int]) -> bool:
         """Prune to the subtree under the new root (hit) or restart from the correct token (miss)."""
@@ -184,32 +222,18 @@ class CardTree:
         if self.root_logits is None:  # the root was never fed: nothing in the tree, nothing after ctx
             self._clear(committed)
             return False
-        sub = []
-        if hit and path[-1] < self.fed:  # the new root is fed: keep its subtree
-            inside = {path[-1]}
-            for i in range(path[-1] + 1, len(self.tokens)):
-                if self.parents[i] in inside:
-                    inside.add(i)
-                    sub.append(i)
-        fed_sub = [i for i in sub if i < self.fed]
-        kv_cache.compact(self.cache, len(self.ctx), kept_path + fed_sub)
-        old = dict(tokens=self.tokens, parents=self.parents, scores=self.scores, logits=self.logits)
-        root_logits = self.logits[path[-1]] if hit and path[-1] < self.fed else None
+        keep = hit and path[-1] < self.fed  # the new root is fed: keep its subtree
+        sub, shape = self.reindexed(path[-1]) if keep else ([], None)
+        kv_cache.compact(self.cache, len(self.ctx), kept_path + [i for i in sub if i < self.fed])
+        old_logits = self.logits
         self.ctx = self.ctx + [self.tokens[i] for i in kept_path]
         self._clear(committed)
-        if root_logits is None:  # the next layer feeds committed[len(ctx):], the root last
+        if not keep:  # the next layer feeds committed[len(ctx):], the root last
             self.root_logits = None
             return hit
-        self.root_logits = root_logits
-        base = old["scores"][path[-1]]
-        new_index = {path[-1]: ROOT}
-        for i in sub:
-            new_index[i] = len(self.tokens)
-            self.tokens.append(old["tokens"][i])
-            self.parents.append(new_index[old["parents"][i]])
-            self.depths.append(1 if self.parents[-1] == ROOT else self.depths[self.parents[-1]] + 1)
-            self.scores.append(old["scores"][i] - base)
-            if i < len(old["logits"]):
-                self.logits.append(old["logits"][i])
-        self.frontier = [new_index[i] for i in sub if i >= len(old["logits"])]
+        self.root_logits = old_logits[path[-1]]
+        self.tokens, self.parents, self.depths, self.scores = (shape[k] for k in ("tokens", "parents", "depths",
+                                                                                    "scores"))
+        self.logits = [old_logits[i] for i in sub if i < len(old_logits)]  # fed nodes stay a prefix
+        self.frontier = [k for k, i in enumerate(sub) if i >= len(old_logits)]
         return hit

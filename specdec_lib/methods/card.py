@@ -24,11 +24,19 @@ Modes (`mode`):
   value (the forwards run outside the GIL, so drafter and target overlap on the 2 cores).
   A worker exception is recorded and re-raised in the next propose/observe, or in finish; finish stops the
   worker and joins it (with a timeout) on every exit: EOS, max_new_tokens, or an exception on either side.
+  Measured: on small models the forwards are mostly Python work under the GIL, so the two threads slow each
+  other down (the target's verify nearly doubles); "process" is the real concurrency on a CPU;
+- "process": the drafter in a forked child process (mechanisms/card_process.py), as the paper's two processes:
+  the same readiness rule, over the tree copy the child publishes after every layer; corrections go to the
+  child, which applies them between two forwards (a layer in flight is kept and then corrected); in greedy
+  runs the target prunes its copy itself on a hit and need not wait for the child. The draft
+  gets one intra-op thread, the target the rest (at least one). CPU only (fork); Linux.
 
-Per-step info: card_nodes (tree size at the query), card_layers (layers since the previous query), hit.
-stats(): hit rate, draft layers (kept), config, and in thread mode the layers discarded by a correction and the
-busy intervals (perf_counter start/end of each
-draft forward and of each target step = propose's return to observe's call) for a Gantt / overlap figure.
+Per-step info: card_nodes (tree size at the query), card_layers (layers since the previous query), hit (in
+process mode as the parent's copy of the tree says).
+stats(): hit rate, draft layers, config, and in thread and process modes the busy intervals (perf_counter
+start/end of each draft forward and of each target step = propose's return to observe's call) for a Gantt /
+overlap figure (bench/timeline.py); thread mode also counts the layers discarded by a correction.
 
 Simplifications: the paper's two processes on two GPUs are one process (threads, or none); the target
 verifies one chain (no tree attention on the target side, as the paper); scores use the draft's raw
@@ -43,10 +51,12 @@ import torch
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
+from ..mechanisms.card_process import DrafterProcess
 from ..mechanisms.card_tree import CardTree
 from ..mechanisms.draft_tree import DraftTree
 
 WORKER_NAME = "card-drafter"
+MODES = ("sync", "thread", "process")
 WAIT_S = 120.0  # the longest propose waits for the drafter / finish waits for the worker to stop
 
 
@@ -58,22 +68,29 @@ class Card(Proposer):
         self.width = check_int("width", width, 1)
         self.ratio = check_int("ratio", ratio, 1)
         self.max_depth = check_int("max_depth", max_depth, 1)
-        if mode not in ("sync", "thread"):
-            raise ValueError(f"mode must be 'sync' or 'thread', got {mode!r}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.mode = mode
-        self.worker = None
+        self.worker = self.drafter = None
 
     # ---- lifecycle --------------------------------------------------------------------------------------
 
     def start(self, state: LoopState) -> None:
         req = state.request
         self.sampling, self.generator = req.sampling, req.generator
-        self.tree = CardTree(req.draft, self.width, state.committed)
         self.since_query, self.hits, self.misses = 0, 0, 0
         self.draft_busy: list[tuple[float, float]] = []
         self.target_busy: list[tuple[float, float]] = []
         self._t_query = None
         self.error, self.reported = None, False
+        if self.mode == "process":
+            self.threads = torch.get_num_threads()
+            self.drafter = DrafterProcess(req.draft, self.width, state.committed, self.max_depth,
+                                          share_logits=not self.sampling.greedy, threads=1, wait_s=WAIT_S)
+            self.tree, self.layers_at_query = None, 0
+            torch.set_num_threads(max(1, self.threads - 1))  # the draft's process has its own one
+            return
+        self.tree = CardTree(req.draft, self.width, state.committed)
         if self.mode == "sync":
             return
         self.cond = threading.Condition()
@@ -84,6 +101,9 @@ class Card(Proposer):
         self.worker.start()
 
     def finish(self, state: LoopState) -> None:
+        if self.mode == "process":
+            self._close_drafter()
+            return
         if self.worker is None:
             return
         with self.cond:
@@ -95,6 +115,17 @@ class Card(Proposer):
         if alive:
             raise RuntimeError(f"the CARD drafter did not stop within {WAIT_S} s")
         self._raise_worker_error()
+
+    def _close_drafter(self) -> None:
+        """Process mode: stop the child and keep what it reported (its busy intervals and layer count)."""
+        if self.drafter is None:
+            return
+        drafter, self.drafter = self.drafter, None
+        try:
+            drafter.close()
+        finally:
+            torch.set_num_threads(self.threads)
+            self.draft_busy, self.draft_layers = list(drafter.draft_busy), (drafter.done or {}).get("layers")
 
     def _raise_worker_error(self) -> None:
         if self.error is not None and not self.reported:
@@ -147,6 +178,11 @@ class Card(Proposer):
                                         and self.tree.depth >= min(self.ratio, self.max_depth))
 
     def propose(self, state: LoopState, budget: int) -> Proposal:
+        if self.mode == "process":
+            self.tree = self.drafter.wait(self._ready_copy)
+            self.since_query = self.tree.layers - self.layers_at_query
+            self.layers_at_query = self.tree.layers
+            return self._query(budget)
         if self.mode == "sync":
             while budget > 0 and not self._ready():  # the first step, or after a miss: the target waits
                 self._grow()
@@ -164,12 +200,20 @@ class Card(Proposer):
                 raise TimeoutError(f"the CARD drafter added no layer within {WAIT_S} s")
             return self._query(budget)
 
+    def _ready_copy(self, tree) -> bool:
+        """_ready for the process drafter's published tree."""
+        can_grow = tree.depth < self.max_depth or not tree.root_fed
+        return not can_grow or (tree.layers - self.layers_at_query >= self.ratio
+                                and tree.depth >= min(self.ratio, self.max_depth))
+
     def _grow(self) -> None:
         self.tree.grow()
         self.since_query += 1
 
     def _query(self, budget: int) -> Proposal:
-        chain, q = self.tree.query(budget, self.sampling, self.generator)
+        # at most max_depth - 1 deep: the drafter's deepest layer then still holds the children of the chain's
+        # last node, so a fully accepted chain's bonus token can be a hit (at max_depth the drafter idles)
+        chain, q = self.tree.query(min(budget, max(1, self.max_depth - 1)), self.sampling, self.generator)
         info = dict(card_nodes=len(self.tree), card_layers=self.since_query, hit=None)
         self.since_query = 0
         self._t_query = time.perf_counter()
@@ -177,7 +221,9 @@ class Card(Proposer):
 
     def observe(self, state: LoopState, verdict) -> None:
         self.target_busy.append((self._t_query, time.perf_counter()))
-        if self.mode == "sync":
+        if self.mode == "process":
+            hit = self.drafter.correct(state.committed)  # no wait: the next propose waits if it must
+        elif self.mode == "sync":
             hit = self.tree.correct(state.committed)
         else:
             with self.cond:
@@ -190,10 +236,13 @@ class Card(Proposer):
         self.misses += not hit
 
     def stats(self) -> dict:
+        self._close_drafter()  # process mode: generation is over; collect the child's last reports
         out = dict(card_width=self.width, card_ratio=self.ratio, card_mode=self.mode, card_max_depth=self.max_depth,
-                   draft_layers=self.tree.layers, hits=self.hits, misses=self.misses,
+                   draft_layers=self.tree.layers if self.mode != "process" else self.draft_layers,
+                   hits=self.hits, misses=self.misses,
                    hit_rate=self.hits / (self.hits + self.misses) if self.hits + self.misses else float("nan"))
+        if self.mode != "sync":
+            out.update(draft_busy=list(self.draft_busy), target_busy=list(self.target_busy))
         if self.mode == "thread":
-            out.update(discarded_layers=self.discarded, draft_busy=list(self.draft_busy),
-                       target_busy=list(self.target_busy))
+            out.update(discarded_layers=self.discarded)
         return out
