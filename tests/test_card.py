@@ -198,7 +198,8 @@ def test_a_worker_exception_reaches_the_caller(models, monkeypatch):
 
 @pytest.mark.parametrize("settings, exc", [
     (dict(width=0), ValueError), (dict(width=True), TypeError), (dict(ratio=0), ValueError),
-    (dict(ratio=2.0), TypeError), (dict(max_depth=0), ValueError), (dict(mode="async"), ValueError)])
+    (dict(ratio=2.0), TypeError), (dict(max_depth=0), ValueError), (dict(mode="async"), ValueError),
+    (dict(correction=0), TypeError), (dict(correction=False, mode="thread"), ValueError)])
 def test_bad_settings_raise(models, settings, exc):
     target, draft, ids = models
     with pytest.raises(exc):
@@ -317,3 +318,20 @@ def test_process_mode_refuses_a_draft_off_the_cpu(models):
     _, draft, ids = models
     with pytest.raises(ValueError, match="mode='thread'"):
         DrafterProcess(random_lm("qwen2", seed=1, layers=1).to("meta"), 2, ids, 4, share_logits=False)
+
+
+def test_no_correction_ablation_is_lossless_and_waits_out_a_stale_tree(models):
+    """Table 2's "query but don't correct": same tokens; after a miss the target verifies nothing but its own
+    token (empty chains) until the drafter, out of depth, restarts; with the correction fewer steps are needed."""
+    target, draft, ids = models
+    reference = generate("hf", target, ids, 40).new_tokens
+    for drafter in (draft, target):
+        plain = generate("card", target, ids, 40, draft=drafter, debug=True)
+        ablated = generate("card", target, ids, 40, draft=drafter, correction=False, max_depth=6, debug=True)
+        assert plain.new_tokens == ablated.new_tokens == reference
+        assert ablated.stats["card_correction"] is False and ablated.stats["misses"] > 0
+        steps = ablated.stats["steps"]
+        stale = [i for i in range(1, len(steps)) if steps[i - 1]["hit"] is False and steps[i]["tree_size"] == 0]
+        assert stale or drafter is target, "a miss leaves the target without a chain until the drafter restarts"
+    # the target drafting for itself: every miss is the drafter running out of depth, which the correction avoids
+    assert ablated.target_forwards > plain.target_forwards

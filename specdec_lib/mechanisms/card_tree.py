@@ -63,9 +63,10 @@ class TreeShape:
     def children(self, i: int) -> list[int]:
         return [c for c, p in enumerate(self.parents) if p == i]
 
-    def query(self, max_len: int, sampling, generator) -> tuple[list[int], torch.Tensor | None]:
-        """(chain tokens, q per chain token or None): see the module doc (greedy descent / drawn from q)."""
-        chain, q_rows, node = [], [], ROOT
+    def query(self, max_len: int, sampling, generator, start: int = ROOT) -> tuple[list[int], torch.Tensor | None]:
+        """(chain tokens, q per chain token or None): see the module doc (greedy descent / drawn from q).
+        `start`: the node to descend from (the root, or a fed node: card's no-correction ablation)."""
+        chain, q_rows, node = [], [], start
         if self.root_logits is None:
             return [], None
         while len(chain) < max_len:

@@ -32,6 +32,12 @@ Modes (`mode`):
   runs the target prunes its copy itself on a hit and need not wait for the child. The draft
   gets one intra-op thread, the target the rest (at least one). CPU only (fork); Linux.
 
+Ablation (`correction=False`, sync mode only; the paper's Table 2 "+ Cache (query but don't correct)"): the
+target queries the tree but never corrects the drafter. The drafter keeps growing its tree from the old root;
+the target descends from the node that spells the committed text (`anchor`), and when the committed text has
+left the tree (a miss) it has nothing to verify but its own next token until the drafter, at max_depth with
+nothing left to draft, restarts from the committed text.
+
 Per-step info: card_nodes (tree size at the query), card_layers (layers since the previous query), hit (in
 process mode as the parent's copy of the tree says).
 stats(): hit rate, draft layers, config, and in thread and process modes the busy intervals (perf_counter
@@ -53,6 +59,7 @@ from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
 from ..mechanisms.card_process import DrafterProcess
 from ..mechanisms.card_tree import CardTree
+from ..mechanisms.draft_tree import ROOT
 from ..mechanisms.draft_tree import DraftTree
 
 WORKER_NAME = "card-drafter"
@@ -64,13 +71,19 @@ WAIT_S = 120.0  # the longest propose waits for the drafter / finish waits for t
 class Card(Proposer):
     """CARD (query-and-correct): a width-K draft tree grown in parallel, one chain verified per step."""
 
-    def __init__(self, width: int = 8, ratio: int = 2, mode: str = "sync", max_depth: int = 12):
+    def __init__(self, width: int = 8, ratio: int = 2, mode: str = "sync", max_depth: int = 12,
+                 correction: bool = True):
         self.width = check_int("width", width, 1)
         self.ratio = check_int("ratio", ratio, 1)
         self.max_depth = check_int("max_depth", max_depth, 1)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.mode = mode
+        if not isinstance(correction, bool):
+            raise TypeError(f"correction must be True or False, got {correction!r}")
+        if not correction and mode != "sync":
+            raise ValueError("correction=False (the Table 2 ablation) runs in mode='sync' only")
+        self.correction = correction
         self.worker = self.drafter = None
 
     # ---- lifecycle --------------------------------------------------------------------------------------
@@ -83,6 +96,7 @@ class Card(Proposer):
         self.target_busy: list[tuple[float, float]] = []
         self._t_query = None
         self.error, self.reported = None, False
+        self.anchor = ROOT  # where queries start: the node spelling committed[-1] (None: the text left the tree)
         if self.mode == "process":
             self.threads = torch.get_num_threads()
             self.drafter = DrafterProcess(req.draft, self.width, state.committed, self.max_depth,
@@ -182,11 +196,11 @@ class Card(Proposer):
             self.tree = self.drafter.wait(self._ready_copy)
             self.since_query = self.tree.layers - self.layers_at_query
             self.layers_at_query = self.tree.layers
-            return self._query(budget)
+            return self._query(state, budget)
         if self.mode == "sync":
             while budget > 0 and not self._ready():  # the first step, or after a miss: the target waits
                 self._grow()
-            proposal = self._query(budget)
+            proposal = self._query(state, budget)
             for _ in range(self.ratio if budget > 0 else 0):  # the layers the drafter adds while the target verifies
                 if self._can_grow():
                     self._grow()
@@ -198,7 +212,7 @@ class Card(Proposer):
             self._raise_worker_error()
             if not ready:
                 raise TimeoutError(f"the CARD drafter added no layer within {WAIT_S} s")
-            return self._query(budget)
+            return self._query(state, budget)
 
     def _ready_copy(self, tree) -> bool:
         """_ready for the process drafter's published tree."""
@@ -210,19 +224,25 @@ class Card(Proposer):
         self.tree.grow()
         self.since_query += 1
 
-    def _query(self, budget: int) -> Proposal:
+    def _query(self, state: LoopState, budget: int) -> Proposal:
         # at most max_depth - 1 deep: the drafter's deepest layer then still holds the children of the chain's
         # last node, so a fully accepted chain's bonus token can be a hit (at max_depth the drafter idles)
-        chain, q = self.tree.query(min(budget, max(1, self.max_depth - 1)), self.sampling, self.generator)
+        limit = min(budget, max(1, self.max_depth - 1))
+        if not self.correction and self.anchor is None:  # a stale tree: nothing to query
+            chain, q = [], None
+        else:
+            chain, q = self.tree.query(limit, self.sampling, self.generator, start=self.anchor)
         info = dict(card_nodes=len(self.tree), card_layers=self.since_query, hit=None)
         self.since_query = 0
         self._t_query = time.perf_counter()
-        return Proposal(DraftTree.chain(self.tree.committed[-1], chain), q=q, info=info)
+        return Proposal(DraftTree.chain(state.committed[-1], chain), q=q, info=info)
 
     def observe(self, state: LoopState, verdict) -> None:
         self.target_busy.append((self._t_query, time.perf_counter()))
         if self.mode == "process":
             hit = self.drafter.correct(state.committed)  # no wait: the next propose waits if it must
+        elif not self.correction:
+            hit = self._follow(state.committed)
         elif self.mode == "sync":
             hit = self.tree.correct(state.committed)
         else:
@@ -235,9 +255,19 @@ class Card(Proposer):
         self.hits += hit
         self.misses += not hit
 
+    def _follow(self, committed: list[int]) -> bool:
+        """No correction: only move the anchor along the tree; restart the drafter when it has nothing left."""
+        path, hit = self.tree.match(committed)
+        self.anchor = path[-1] if hit and path[-1] < self.tree.fed else None  # a query needs the node's logits
+        if not self._can_grow():  # the drafter is done with its tree: it starts over from the committed text
+            hit = self.tree.correct(committed)
+            self.anchor = ROOT
+        return hit
+
     def stats(self) -> dict:
         self._close_drafter()  # process mode: generation is over; collect the child's last reports
         out = dict(card_width=self.width, card_ratio=self.ratio, card_mode=self.mode, card_max_depth=self.max_depth,
+                   card_correction=self.correction,
                    draft_layers=self.tree.layers if self.mode != "process" else self.draft_layers,
                    hits=self.hits, misses=self.misses,
                    hit_rate=self.hits / (self.hits + self.misses) if self.hits + self.misses else float("nan"))
