@@ -335,3 +335,25 @@ def test_no_correction_ablation_is_lossless_and_waits_out_a_stale_tree(models):
         assert stale or drafter is target, "a miss leaves the target without a chain until the drafter restarts"
     # the target drafting for itself: every miss is the drafter running out of depth, which the correction avoids
     assert ablated.target_forwards > plain.target_forwards
+
+
+def test_card_explorer_runs_every_mode_and_redraws(tiny_pair):
+    """viz.card_explorer on the shipped pair: one row and two timeline lanes per run, the progress bar full,
+    and a new K redraws with that K."""
+    from specdec_lib import viz
+
+    prompts = [{"id": "a", "prompt": "def add(a, b):\n    return"}, "import os\n"]
+    box = viz.card_explorer(tiny_pair, prompts, max_new_tokens=12, width=3, ratio=1, modes=("sync", "process"))
+    rows, fig = box.state["rows"], box.state["figure"]
+    assert list(rows.run) == ["draft_model", "card (sync)", "card (process)"]
+    assert rows.overlap[0] == 0 and rows.hit_rate[1:].between(0, 1).all() and (rows.mat >= 1).all()
+    assert len(fig.data) == 6 and "K=3" in fig.layout.title.text
+    controls, stack = {}, [box]
+    while stack:
+        widget = stack.pop()
+        controls[type(widget).__name__ + ":" + str(getattr(widget, "description", ""))] = widget
+        stack.extend(getattr(widget, "children", ()))
+    assert controls["IntProgress:"].value == controls["IntProgress:"].max == 3
+    controls["IntSlider:width K"].value = 5
+    box.update()
+    assert "K=5" in box.state["figure"].layout.title.text and not drafter_threads()

@@ -37,7 +37,8 @@ def run_variants(pair, suite, variants: dict[str, dict], max_new_tokens: int = 6
 
     `config` holds settings that do not fit in a label (objects: a frozen table, a tokenizer) per method
     or label. Columns: variant, method label, tokens_per_s, speedup (vs hf of this run), mat,
-    target_forwards, all_match_hf, plus one column per setting."""
+    target_forwards, all_match_hf, hit_rate / overlap when the method reports them (card), plus one column
+    per setting."""
     labels = {}
     for name, settings in variants.items():
         labels[name] = label(method, **{k: v for k, v in settings.items() if _inline(v)})
@@ -62,6 +63,7 @@ def run_variants(pair, suite, variants: dict[str, dict], max_new_tokens: int = 6
         rows.append(dict(variant=name, label=labels.get(name, "hf"), tokens_per_s=row.tokens_per_s,
                          speedup=row.speedup, mat=row.mat, target_forwards=row.target_forwards,
                          all_match_hf=row.all_match_hf,
+                         **{k: row[k] for k in ("hit_rate", "overlap") if k in row.index},  # methods with them
                          **{k: v for k, v in merged.items() if _inline(v)}))
     return pd.DataFrame(rows)
 

@@ -19,7 +19,8 @@ package only, so the rest of `specdec_lib` imports without them.
 - `layout`: FAFO's KV layout: block maps, the store's slots over steps, the per-step timing chart
   (`block_map_figure`, `layout_figure`, `selection_figure`, `layout_timing_figure`).
 - `fumble`: FAFO's guess streams over steps and its pool (`streams_figure`, `pool_figure`, `pool_explorer`).
-- `timeline`: drafter and target busy intervals as a Gantt chart (`timeline_figure`).
+- `timeline`: drafter and target busy intervals as a Gantt chart (`timeline_figure`), and CARD's explorer
+  (`card_explorer`: K, ratio, prompt -> timeline and table).
 - `bench`: benchmarks and ablations (`bench_figure`, `gamma_sweep_figure`, `table1_figure`, `heatmap_figure`,
   `sweep_figure`, `ablation_explorer`).
 
@@ -35,11 +36,11 @@ from .acceptance import (acceptance_figure, acceptance_html, distribution_figure
 from .costs import cost_curve_figure, cost_figure, speedup_explorer, speedup_surface_figure
 from .layout import block_map_figure, layout_figure, layout_timing_figure, selection_figure
 from .fumble import pool_explorer, pool_figure, streams_figure
-from .timeline import timeline_figure
+from .timeline import card_explorer, timeline_figure
 from .bench import ablation_explorer, bench_figure, gamma_sweep_figure, heatmap_figure, sweep_figure, table1_figure
 
 __all__ = ["CacheStep", "ablation_explorer", "acceptance_figure", "acceptance_html", "bench_figure",
-           "block_map_figure", "cache_steps", "cache_timeline_figure", "cost_curve_figure", "cost_figure",
+           "block_map_figure", "card_explorer", "cache_steps", "cache_timeline_figure", "cost_curve_figure", "cost_figure",
            "distribution_figure", "draft_time_figure", "gamma_sweep_figure", "heatmap_figure", "layout_figure",
            "layout_timing_figure", "mask_figure", "mask_labels", "pool_explorer", "pool_figure",
            "result_acceptance_html", "rollback_explorer", "selection_figure", "speedup_explorer",
