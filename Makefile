@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BROWSER_STAMP := $(VENV)/.installed-browser
 
-.PHONY: env workbook test lab models bench bench-layout clean-figures
+.PHONY: env workbook test lab models bench bench-readme bench-layout clean-figures
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,8 +42,14 @@ models: $(STAMP)
 	$(BIN)/python -m specdec_lib.tools.train_tiny --out data/models
 	$(BIN)/python -m specdec_lib.tools.model_card --models data/models
 
+BENCH_METHODS ?= hf,autoregressive,hf_prompt_lookup,hf_assisted,prompt_lookup,draft_model,cacheback,cacheback@tdl=16+crt=4,lookahead,fafo,card,card@mode=process
 bench: $(STAMP)
-	$(BIN)/python -m specdec_lib.bench --models tiny --suite code --methods hf,autoregressive,hf_prompt_lookup,hf_assisted,prompt_lookup,draft_model,cacheback,cacheback@tdl=16+crt=4
+	$(BIN)/python -m specdec_lib.bench --models tiny --suite code --methods $(BENCH_METHODS)
+
+# The README's benchmark table: both suites into data/results/bench_<suite>_cpu.*, then the table from them.
+bench-readme: $(STAMP)
+	for suite in code editing; do $(BIN)/python -m specdec_lib.bench --models tiny --suite $$suite --methods $(BENCH_METHODS) --repeats 2 --no-progress --out data/results --tag cpu || exit 1; done
+	$(BIN)/python -m specdec_lib.bench.compare --readme README.md code editing
 
 bench-layout: $(STAMP)
 	$(BIN)/python -m specdec_lib.bench.flex_layout

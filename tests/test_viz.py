@@ -271,7 +271,7 @@ VIZ = Path(viz.__file__).parent
 
 def test_viz_reexports_each_public_function_from_its_subject_module():
     modules = {"common", "tables", "trees", "masks", "caches", "acceptance", "costs", "layout", "fumble", "timeline",
-               "bench"}
+               "compare", "bench"}
     assert {p.stem for p in VIZ.glob("*.py")} == modules | {"__init__"}
     for name in viz.__all__:
         obj = getattr(viz, name)

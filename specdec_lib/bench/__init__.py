@@ -1,5 +1,6 @@
 """Measuring: the benchmark harness (`python -m specdec_lib.bench`), the ablation runner, the forward cost curve
-and the expected-speedup model, and the statistical lossless check.
+and the expected-speedup model, the statistical lossless check, and the side-by-side analysis of notebook 08
+(`compare`: spread, per-category speedups, efficiency against the bound, the README's table).
 
     from specdec_lib import bench
     runs = bench.run_bench(pair, "code", ["hf", "cacheback"]); bench.summarize(runs)

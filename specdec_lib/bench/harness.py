@@ -76,10 +76,15 @@ def load_suite(name: str, limit: int | None = None, prompt_field: str = "prompt"
         rows = rows.select(range(min(limit, len(rows)))) if limit is not None else rows
     out = []
     for i, row in enumerate(rows):
+        if prompt_field not in row and "turns" in row:  # Spec-Bench's question.jsonl layout
+            prompt_field = "turns"
         prompt = row[prompt_field]
         if isinstance(prompt, list):  # multi-turn sets (MT-Bench's "turns"): the first turn
             prompt = prompt[0]
-        out.append({"id": str(row.get("id", row.get("question_id", i))), "prompt": prompt})
+        item = {"id": str(row.get("id", row.get("question_id", i))), "prompt": prompt}
+        if row.get("category", row.get("suite")) is not None:  # Spec-Bench's categories; our suites' name
+            item["category"] = str(row.get("category", row.get("suite")))
+        out.append(item)
     return out[:limit] if limit is not None else out
 
 
@@ -147,12 +152,16 @@ def run_bench(pair, suite, methods, max_new_tokens: int = 128, repeats: int = 3,
             for order, method in enumerate(methods[shift:] + methods[:shift]):
                 result = run(method, ids)
                 tokens[method, r] = result.new_tokens
+                steps = result.stats.get("steps") or []  # peers (hf_*) record no steps
                 rows.append(dict(method=method, prompt_id=prompt["id"], repeat=r, order=order,
+                                 category=prompt.get("category", prompt.get("suite", "")),
                                  prompt_tokens=ids.shape[1], new_tokens=len(result.new_tokens),
                                  wall_seconds=result.wall_seconds, tokens_per_second=result.tokens_per_second,
                                  target_forwards=result.target_forwards, mat=result.mean_accepted,
                                  draft_forwards=result.stats.get("draft_forwards"),
-                                 hit_rate=result.stats.get("hit_rate"), overlap=_overlap(result)))
+                                 hit_rate=result.stats.get("hit_rate"), overlap=_overlap(result),
+                                 rows_per_step=(sum(s["tree_size"] + 1 for s in steps) / len(steps)
+                                                if steps else None)))
                 bar.update()
                 if callback is not None:
                     callback(len(rows), len(prompts) * repeats * len(methods))
@@ -240,6 +249,8 @@ def main(argv=None) -> pd.DataFrame:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--out", default="results")
+    parser.add_argument("--tag", default=None, help="name the files bench_<suite>_<tag>.* (e.g. cpu, h200) "
+                        "instead of a timestamp: data/results/ keeps the runs the README quotes")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     from ..models import load_models
@@ -256,7 +267,7 @@ def main(argv=None) -> pd.DataFrame:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = Path(args.suite).stem if args.suite.endswith((".jsonl", ".json")) else args.suite.replace("/", "_")
-    base = out / f"bench_{tag}_{stamp}"
+    base = out / f"bench_{tag}_{args.tag or stamp}"
     runs.to_csv(base.with_suffix(".csv"), index=False)
     meta = dict(suite=args.suite, models=pair.name, methods=list(summary.method), prompts=len(prompts),
                 max_new_tokens=args.max_new_tokens, repeats=args.repeats, warmup=args.warmup, config=config,

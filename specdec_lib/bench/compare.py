@@ -1,0 +1,152 @@
+"""Every method side by side (notebook 08): spread over repeats, per-category speedups, efficiency against each
+method's own bound, and the README's benchmark table written from saved results.
+
+All functions read the per-run frame of `harness.run_bench` (one row per method, prompt, repeat) or the JSON
+that `python -m specdec_lib.bench` writes.
+
+- `spread(runs)`: per method, the speedup over hf of each repeat (all prompts of that repeat, against hf's runs
+  of the same repeat): median, min and max. The machine's noise, next to the differences between methods.
+- `by_category(runs)`: speedup over hf per method and prompt category (Spec-Bench's categories, or our suites'
+  names): the data of Cacheback's Figure 3 radar chart.
+- `efficiency(runs, costs)`: what a method could reach on this machine if drafting were free, its *bound*
+      bound = MAT x t(1) / t(rows per step)
+  (each step costs one target forward over the drafted rows plus the root; t from `costs.forward_cost`,
+  interpolated), and measured speedup / bound: the share of that bound it keeps after paying for drafting and
+  bookkeeping. The peers record no steps, so they have no bound.
+- `markdown_table(results)`, `write_readme_table(readme, results)`: the README's benchmark table, from the JSON
+  files of one run per suite, between the markers `<!-- bench-table:start -->` and `<!-- bench-table:end -->`.
+
+Simplifications: the bound uses the mean rows per step (t is close to linear over the rows a step uses);
+t(rows) is measured at one prefix length (the harness's prompts are a few hundred tokens).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+START, END = "<!-- bench-table:start -->", "<!-- bench-table:end -->"
+
+
+def _speedups(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """tokens/s of every method over hf's, grouped by `keys` (total tokens / total seconds in each group)."""
+    grouped = runs.groupby(["method", *keys], sort=False)[["new_tokens", "wall_seconds"]].sum().reset_index()
+    grouped["tokens_per_s"] = grouped.new_tokens / grouped.wall_seconds
+    hf = grouped[grouped.method == "hf"].set_index(keys)["tokens_per_s"]
+    if hf.empty:
+        raise ValueError("the runs have no 'hf' rows: the speedup is measured against hf of the same run")
+    grouped["speedup"] = grouped.tokens_per_s.to_numpy() / hf.loc[
+        [tuple(r) if len(keys) > 1 else r[0] for r in grouped[keys].to_numpy()]].to_numpy()
+    return grouped
+
+
+def spread(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per method: median, min and max over repeats of its speedup over hf (same repeat)."""
+    per_repeat = _speedups(runs, ["repeat"])
+    return (per_repeat.groupby("method", sort=False).speedup.agg(["median", "min", "max"])
+            .rename(columns=lambda c: f"speedup_{c}").reset_index())
+
+
+def by_category(runs: pd.DataFrame) -> pd.DataFrame:
+    """Speedup over hf per method (rows) and category (columns)."""
+    if "category" not in runs:
+        raise ValueError("the runs have no 'category' column (run them with harness.run_bench)")
+    table = _speedups(runs.fillna({"category": ""}), ["category"])
+    return table.pivot(index="method", columns="category", values="speedup").loc[
+        list(dict.fromkeys(table.method))]
+
+
+def efficiency(runs: pd.DataFrame, costs: pd.DataFrame) -> pd.DataFrame:
+    """Per method with step records: MAT, rows per step, its bound MAT x t(1) / t(rows), the measured speedup
+    and the share of the bound it keeps. `costs`: `costs.forward_cost(target, rows)` (one model)."""
+    curve = costs.sort_values("rows")
+    t = lambda rows: float(np.interp(rows, curve["rows"], curve["median_ms"]))  # noqa: E731
+    totals = runs.groupby("method", sort=False)[["new_tokens", "wall_seconds", "target_forwards"]].sum()
+    hf_speed = totals.loc["hf", "new_tokens"] / totals.loc["hf", "wall_seconds"]
+    out = []
+    for method, group in runs.groupby("method", sort=False):
+        if method == "hf" or group.rows_per_step.isna().all():
+            continue
+        mat = group.new_tokens.sum() / group.target_forwards.sum()
+        rows = float(np.average(group.rows_per_step, weights=group.target_forwards))
+        bound = mat * t(1) / t(rows)
+        speedup = (totals.loc[method, "new_tokens"] / totals.loc[method, "wall_seconds"]) / hf_speed
+        out.append(dict(method=method, mat=mat, rows_per_step=rows, bound=bound, speedup=speedup,
+                        efficiency=speedup / bound))
+    return pd.DataFrame(out)
+
+
+# ---- the README's table -------------------------------------------------------------------------------------
+
+def load_results(paths) -> dict[str, dict]:
+    """{suite: the JSON `python -m specdec_lib.bench` wrote} for each path."""
+    out = {}
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        out[data["meta"]["suite"]] = data
+    return out
+
+
+def markdown_table(results: dict[str, dict]) -> str:
+    """Speedup over hf and MAT per method (rows) and suite (column pairs), with the run's settings above."""
+    suites = list(results)
+    first = results[suites[0]]["meta"]
+    methods = list(dict.fromkeys(m for s in suites for m in results[s]["meta"]["methods"]))
+    rows = {s: {r["method"]: r for r in results[s]["summary"]} for s in suites}
+    hf_speed = " / ".join(f"{rows[s]['hf']['tokens_per_s']:.0f}" for s in suites)
+    machine = first["machine"]
+    lines = [f"Generated by `python -m specdec_lib.bench.compare --readme README.md {' '.join(suites)}` "
+             f"from `data/results/`: models {first['models']} ({first['dtype'].replace('torch.', '')}), greedy, "
+             f"{first['prompts']} prompts x {first['repeats']} repeats, {first['max_new_tokens']} new tokens, "
+             f"{machine['device']}, torch {machine['torch']}, transformers {machine['transformers']}; "
+             f"speedups against `hf` of the same run; every method matched hf's tokens unless marked.", "",
+             "| method | " + " | ".join(f"{s}: x hf | MAT" for s in suites) + " |",
+             "|---|" + "---|---|" * len(suites)]
+    for method in methods:
+        cells = []
+        for s in suites:
+            row = rows[s].get(method)
+            if row is None:
+                cells += ["-", "-"]
+                continue
+            mark = " (differs!)" if row.get("all_match_hf") is False else ""
+            cells += [f"{row['speedup']:.2f}{mark}", f"{row['mat']:.2f}"]
+        name = f"hf ({hf_speed} tokens/s)" if method == "hf" else method
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_readme_table(readme, results: dict[str, dict]) -> str:
+    """Replace the text between the README's markers with `markdown_table(results)`; returns the new text."""
+    path = Path(readme)
+    text = path.read_text()
+    if START not in text or END not in text:
+        raise ValueError(f"{path} has no {START} ... {END} block to fill")
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    new = f"{head}{START}\n{markdown_table(results)}\n{END}{tail}"
+    path.write_text(new)
+    return new
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write the README's benchmark table from saved results.")
+    parser.add_argument("suites", nargs="+", help="suite names: data/results/bench_<suite>_cpu.json is read")
+    parser.add_argument("--results", default=str(Path(__file__).resolve().parents[2] / "data" / "results"))
+    parser.add_argument("--readme", default=None, help="README to update (else the table is printed)")
+    args = parser.parse_args(argv)
+    results = load_results(Path(args.results) / f"bench_{suite}_cpu.json" for suite in args.suites)
+    if args.readme:
+        write_readme_table(args.readme, results)
+        print(f"updated {args.readme}")
+    else:
+        print(markdown_table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

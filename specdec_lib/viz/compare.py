@@ -1,0 +1,112 @@
+"""Every method side by side (notebook 08): per-category radar, efficiency against the bound, and "why no
+speedup?" from the per-step records.
+
+- `radar_figure(table)`: speedup over hf per category, one closed trace per method (Cacheback's Figure 3);
+  `table` = `bench.compare.by_category(runs)` (methods x categories).
+- `efficiency_figure(table)`: measured speedup beside each method's bound MAT x t(1) / t(rows), from
+  `bench.compare.efficiency`: the gap is what drafting and bookkeeping cost.
+- `cost_per_token_figure(results)`: for each {label: GenerationResult}, milliseconds per generated token split
+  into draft, verify (target forward + verdict) and update (bookkeeping), from the step records: a method is
+  faster than autoregressive only when the whole bar is shorter than autoregressive's verify bar.
+- `step_costs_figure(result)`: one run step by step: tokens emitted per step (bars) with draft and verify ms (lines).
+- `why_explorer(results)`: pick a run, see its steps and its cost per token against the others.
+"""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .common import ACCEPTED, render, step_records
+
+PARTS = (("draft", "draft_us", 1e-3, "rgb(107,174,214)"), ("verify", "verify_ms", 1.0, "rgb(230,85,13)"),
+         ("update", "update_us", 1e-3, "rgb(189,189,189)"))
+
+
+def _has_steps(result) -> bool:
+    """The hf peers (HF generate) record no steps."""
+    return bool(getattr(result, "stats", {}).get("steps"))
+
+
+def radar_figure(table, title: str = "Speedup over hf per category") -> go.Figure:
+    """One closed polygon per method over the categories (table: methods as index, categories as columns)."""
+    categories = [str(c) for c in table.columns]
+    fig = go.Figure()
+    for method, row in table.iterrows():
+        values = [float(v) for v in row.to_numpy()]
+        fig.add_trace(go.Scatterpolar(r=values + values[:1], theta=categories + categories[:1], name=str(method),
+                                      mode="lines+markers"))
+    fig.update_layout(title=title, polar=dict(radialaxis=dict(title="x hf", rangemode="tozero")), height=480,
+                      width=720)
+    return fig
+
+
+def efficiency_figure(table, title: str = "Measured speedup and the bound MAT x t(1) / t(rows)") -> go.Figure:
+    methods = list(table.method)
+    fig = go.Figure([go.Bar(x=methods, y=table.bound, name="bound (drafting free)", marker_color="rgb(198,219,239)"),
+                     go.Bar(x=methods, y=table.speedup, name="measured", marker_color="rgb(49,130,189)",
+                            text=[f"{e:.0%}" for e in table.efficiency], textposition="outside")])
+    fig.update_layout(title=title, barmode="overlay", yaxis_title="x hf", height=420, width=900)
+    return fig
+
+
+def _per_token(result) -> dict[str, float]:
+    steps = step_records(result)
+    tokens = sum(s["emitted"] for s in steps) or 1
+    return {name: sum(s[key] for s in steps) * scale / tokens for name, key, scale, _ in PARTS}
+
+
+def cost_per_token_figure(results: dict, title: str = "Why (no) speedup: ms per generated token") -> go.Figure:
+    """Stacked bars of draft / verify / update ms per generated token, one bar per run (runs with steps)."""
+    labels = [label for label, result in results.items() if _has_steps(result)]
+    costs = {label: _per_token(results[label]) for label in labels}
+    fig = go.Figure([go.Bar(y=labels, x=[costs[label][name] for label in labels], name=name, orientation="h",
+                            marker_color=color) for name, _, _, color in PARTS])
+    fig.update_layout(title=title, barmode="stack", xaxis_title="ms per generated token",
+                      height=160 + 36 * len(labels), width=900, margin=dict(l=200))
+    fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+def step_costs_figure(result, title: str | None = None) -> go.Figure:
+    """Tokens emitted per step (bars) and the step's draft and verify ms (lines, right axis)."""
+    steps = step_records(result)
+    x = list(range(len(steps)))
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(go.Bar(x=x, y=[s["emitted"] for s in steps], name="tokens emitted", marker_color=ACCEPTED,
+                         opacity=0.6))
+    for name, key, scale, color in PARTS[:2]:
+        fig.add_trace(go.Scatter(x=x, y=[s[key] * scale for s in steps], name=f"{name} ms", mode="lines",
+                                 line=dict(color=color)), secondary_y=True)
+    fig.update_layout(title=title or "Step by step", height=380, width=900, xaxis_title="step")
+    fig.update_yaxes(title_text="tokens", secondary_y=False)
+    fig.update_yaxes(title_text="ms", secondary_y=True, rangemode="tozero")
+    return fig
+
+
+def why_explorer(results: dict):
+    """A dropdown of runs ({label: GenerationResult}); shows the chosen run's steps and everyone's cost per token.
+    `.state`: label, figures; `.update()` redraws."""
+    import ipywidgets as widgets
+
+    labels = [label for label, result in results.items() if _has_steps(result)]
+    if not labels:
+        raise ValueError("no run with step records (the hf peers record none)")
+    choose = widgets.Dropdown(options=labels, value=labels[0], description="run")
+    status, view = widgets.HTML(), widgets.Output()
+    state: dict = {}
+
+    def update(_=None):
+        result = results[choose.value]
+        costs = _per_token(result)
+        status.value = (f"{choose.value}: {len(step_records(result))} steps, MAT {result.mean_accepted:.2f}; "
+                        f"per token: draft {costs['draft']:.2f} ms + verify {costs['verify']:.2f} ms + update "
+                        f"{costs['update']:.2f} ms")
+        figures = (step_costs_figure(result, f"{choose.value}: step by step"), cost_per_token_figure(results))
+        state.update(label=choose.value, figures=figures)
+        render(view, *figures)
+
+    choose.observe(update, names="value")
+    box = widgets.VBox([choose, status, view])
+    box.update, box.state = update, state
+    update()
+    return box

@@ -1,0 +1,111 @@
+"""bench.compare and viz.compare (notebook 08): spread over repeats, per-category speedups, the efficiency bound,
+Spec-Bench's question.jsonl layout, the README's table generated from the saved results, and the figures'
+data."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from specdec_lib import generate, viz
+from specdec_lib.bench import compare, harness
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_pair):
+    """A real (small) benchmark on the shipped pair: two categories, two repeats."""
+    prompts = [{"id": "a", "prompt": "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n", "category": "code"},
+               {"id": "b", "prompt": "import os\nimport sys\n", "category": "imports"}]
+    return harness.run_bench(tiny_pair, prompts, ["hf", "prompt_lookup", "draft_model"], max_new_tokens=12,
+                             repeats=2, warmup=0, progress=False)
+
+
+def test_spread_and_categories_are_speedups_over_hf_of_the_same_group(runs):
+    spread = compare.spread(runs).set_index("method")
+    assert (spread.loc["hf"] == 1.0).all()
+    assert (spread.speedup_min <= spread.speedup_median).all() and (spread.speedup_median <= spread.speedup_max).all()
+    # by hand: repeat 0 of draft_model against repeat 0 of hf
+    r0 = runs[runs.repeat == 0].groupby("method")[["new_tokens", "wall_seconds"]].sum()
+    by_hand = (r0.new_tokens / r0.wall_seconds)["draft_model"] / (r0.new_tokens / r0.wall_seconds)["hf"]
+    per_repeat = [by_hand, None]
+    assert spread.loc["draft_model", "speedup_min"] <= per_repeat[0] <= spread.loc["draft_model", "speedup_max"]
+    table = compare.by_category(runs)
+    assert list(table.columns) == ["code", "imports"] and list(table.index) == ["hf", "prompt_lookup", "draft_model"]
+    assert np.allclose(table.loc["hf"], 1.0)
+    code = runs[runs.category == "code"].groupby("method")[["new_tokens", "wall_seconds"]].sum()
+    speed = code.new_tokens / code.wall_seconds
+    assert np.isclose(table.loc["prompt_lookup", "code"], speed["prompt_lookup"] / speed["hf"])
+
+
+def test_efficiency_is_speedup_over_the_bound_from_the_cost_curve(runs):
+    costs = pd.DataFrame(dict(rows=[1, 4, 16], median_ms=[10.0, 12.0, 30.0]))  # a curve, as forward_cost gives
+    table = compare.efficiency(runs, costs).set_index("method")
+    assert set(table.index) == {"prompt_lookup", "draft_model"}  # hf is the reference, not a row
+    dm = runs[runs.method == "draft_model"]
+    mat = dm.new_tokens.sum() / dm.target_forwards.sum()
+    rows = np.average(dm.rows_per_step, weights=dm.target_forwards)
+    assert rows > 1 and np.isclose(table.loc["draft_model", "rows_per_step"], rows)
+    assert np.isclose(table.loc["draft_model", "bound"], mat * 10.0 / np.interp(rows, [1, 4, 16], [10, 12, 30]))
+    assert np.allclose(table.efficiency, table.speedup / table.bound)
+    fig = viz.efficiency_figure(table.reset_index())
+    assert list(fig.data[0].y) == list(table.bound) and fig.data[1].text[0].endswith("%")
+
+
+def test_spec_bench_question_jsonl_loads_first_turns_and_categories(tmp_path):
+    path = tmp_path / "question.jsonl"
+    rows = [{"question_id": 81, "category": "writing", "turns": ["Write a haiku.", "Now in French."]},
+            {"question_id": 82, "category": "math", "turns": ["What is 2 + 2?"]}]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    suite = harness.load_suite(str(path))
+    assert suite == [{"id": "81", "prompt": "Write a haiku.", "category": "writing"},
+                     {"id": "82", "prompt": "What is 2 + 2?", "category": "math"}]
+    assert {p["category"] for p in harness.load_suite("code", limit=3)} == {"code"}
+
+
+def test_readme_benchmark_table_is_generated_from_the_saved_results():
+    """The README's table is `python -m specdec_lib.bench.compare --readme README.md code editing`'s output for
+    the JSON under data/results/: edit the data (rerun the bench), not the table."""
+    results = compare.load_results(ROOT / "data" / "results" / f"bench_{s}_cpu.json" for s in ("code", "editing"))
+    table = compare.markdown_table(results)
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split(compare.START, 1)[1].split(compare.END, 1)[0].strip()
+    assert block == table
+    for suite, data in results.items():  # the table's numbers are the summary's
+        hf = next(r for r in data["summary"] if r["method"] == "hf")
+        assert f"{hf['tokens_per_s']:.0f}" in table.splitlines()[4]
+
+
+def test_write_readme_table_replaces_only_the_block(tmp_path):
+    results = compare.load_results(ROOT / "data" / "results" / f"bench_{s}_cpu.json" for s in ("code",))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{compare.START}\nold table\n{compare.END}\noutro\n")
+    text = compare.write_readme_table(readme, results)
+    assert text.startswith("intro\n") and text.endswith("\noutro\n") and "old table" not in text
+    assert compare.markdown_table(results) in text
+    readme.write_text("no markers")
+    with pytest.raises(ValueError, match="bench-table"):
+        compare.write_readme_table(readme, results)
+
+
+def test_radar_and_cost_per_token_figures_carry_the_data(tiny_pair, runs):
+    table = compare.by_category(runs)
+    fig = viz.radar_figure(table)
+    assert [t.name for t in fig.data] == list(table.index)
+    assert list(fig.data[1].r) == list(table.iloc[1]) + [table.iloc[1, 0]]  # closed polygon
+    ids = tiny_pair.encode("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n")
+    results = {"prompt_lookup": generate("prompt_lookup", tiny_pair.target, ids, 16),
+               "hf": generate("hf", tiny_pair.target, ids, 16)}  # hf records no steps: left out
+    fig = viz.cost_per_token_figure(results)
+    steps = results["prompt_lookup"].stats["steps"]
+    verify = sum(s["verify_ms"] for s in steps) / sum(s["emitted"] for s in steps)
+    assert [t.name for t in fig.data] == ["draft", "verify", "update"] and list(fig.data[1].y) == ["prompt_lookup"]
+    assert np.isclose(fig.data[1].x[0], verify)
+    box = viz.why_explorer(results)
+    assert box.state["label"] == "prompt_lookup" and len(box.state["figures"][0].data[0].y) == len(steps)
+    with pytest.raises(ValueError, match="step records"):
+        viz.why_explorer({"hf": results["hf"]})
