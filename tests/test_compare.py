@@ -94,6 +94,9 @@ def test_write_readme_table_replaces_only_the_block(tmp_path):
 
 def test_radar_and_cost_per_token_figures_carry_the_data(tiny_pair, runs):
     table = compare.by_category(runs)
+    bars = viz.radar_figure(table)  # two categories: no polygon, one bar group per method
+    assert [t.name for t in bars.data] == ["code", "imports"] and list(bars.data[1].y) == list(table["imports"])
+    table = table.assign(third=table["code"] * 2)
     fig = viz.radar_figure(table)
     assert [t.name for t in fig.data] == list(table.index)
     assert list(fig.data[1].r) == list(table.iloc[1]) + [table.iloc[1, 0]]  # closed polygon

@@ -2,7 +2,7 @@
 speedup?" from the per-step records.
 
 - `radar_figure(table)`: speedup over hf per category, one closed trace per method (Cacheback's Figure 3);
-  `table` = `bench.compare.by_category(runs)` (methods x categories).
+  `table` = `bench.compare.by_category(runs)` (methods x categories); grouped bars below 3 categories.
 - `efficiency_figure(table)`: measured speedup beside each method's bound MAT x t(1) / t(rows), from
   `bench.compare.efficiency`: the gap is what drafting and bookkeeping cost.
 - `cost_per_token_figure(results)`: for each {label: GenerationResult}, milliseconds per generated token split
@@ -28,8 +28,15 @@ def _has_steps(result) -> bool:
 
 
 def radar_figure(table, title: str = "Speedup over hf per category") -> go.Figure:
-    """One closed polygon per method over the categories (table: methods as index, categories as columns)."""
+    """One closed polygon per method over the categories (table: methods as index, categories as columns).
+    Fewer than 3 categories make no polygon: grouped bars instead (one group per method)."""
     categories = [str(c) for c in table.columns]
+    if len(categories) < 3:
+        fig = go.Figure([go.Bar(x=[str(m) for m in table.index], y=[float(v) for v in table[c]], name=str(c))
+                         for c in table.columns])
+        fig.update_layout(title=f"{title} ({len(categories)} categories: bars, a radar needs 3)", barmode="group",
+                          yaxis_title="x hf", height=420, width=900)
+        return fig
     fig = go.Figure()
     for method, row in table.iterrows():
         values = [float(v) for v in row.to_numpy()]
