@@ -34,12 +34,14 @@ DEFAULT_ROWS = (1, 2, 4, 8, 16, 32, 64)  # query rows per timed forward (q is th
 
 
 def forward_cost(model, rows=DEFAULT_ROWS, prefix: int = 256, repeats: int = 15, warmup: int = 3,
-                 name: str | None = None, seed: int = 0) -> pd.DataFrame:
+                 name: str | None = None, seed: int = 0, lazy_head: bool = False) -> pd.DataFrame:
     """Median ms of one forward with R query rows (tokens) over a cached prefix of `prefix` tokens.
 
     The cache is prefilled once; after every timed forward it is rolled back to `prefix` tokens, so each
     measurement sees the same state. Returns one line per R: model, device, prefix, rows, median_ms, min_ms,
     ms_per_token (median_ms / rows), relative (median_ms / median_ms at the fewest rows).
+    lazy_head=True times what the loop's verifying forward does (verify.RowLogits): the body on R rows and the
+    LM head on the last row only (the walk reads 1 + accepted rows); models without a plain head run whole.
     """
     rows = sorted(int(r) for r in rows)
     if not rows or rows[0] < 1:
@@ -54,6 +56,9 @@ def forward_cost(model, rows=DEFAULT_ROWS, prefix: int = 256, repeats: int = 15,
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(1, vocab, (1, prefix + rows[-1]), generator=generator).to(device)  # (1, P + Rmax)
     records = []
+    from ..mechanisms.verify import lazy_head_ok
+    lazy = lazy_head and lazy_head_ok(model)
+    head = model.get_output_embeddings()
     with torch.inference_mode():
         cache = new_cache(model)
         model(input_ids=ids[:, :prefix], past_key_values=cache, use_cache=True)
@@ -63,7 +68,10 @@ def forward_cost(model, rows=DEFAULT_ROWS, prefix: int = 256, repeats: int = 15,
             for i in range(warmup + repeats):
                 synchronize(device)
                 start = time.perf_counter()
-                model(input_ids=step, past_key_values=cache, use_cache=True)
+                if lazy:
+                    head(model.model(input_ids=step, past_key_values=cache, use_cache=True).last_hidden_state[0, -1])
+                else:
+                    model(input_ids=step, past_key_values=cache, use_cache=True)
                 synchronize(device)
                 if i >= warmup:
                     times.append((time.perf_counter() - start) * 1000)

@@ -25,6 +25,13 @@ cached on disk); a path or a table is used as given. dynamic=False drafts from t
 The verifying forward projects only the tree rows the walk reads through the LM head (lazy_head=True,
 verify.RowLogits): on a CPU that is a sixth of the tiny target's work per row.
 
+Draft budget from this machine (issue 14, mechanisms/budget.py): tdl="auto" picks, each step, a TDL of the
+ladder TDL_LADDER (4 .. 96) that maximises expected tokens / t(1 + tree size), t the target's forward cost
+measured here once (cached per device + model + dtype; `costs=` injects one, a CostCurve or {rows: ms}). Each
+step also regrows the trees of the (up to 3) next smaller TDLs to learn, from the emitted path, what they would
+have yielded; every 4th step verifies the next larger TDL (a probe). CRT, when not given, scales with TDL as
+in the paper (round(TDL / 6): 16 at 96); with tdl="auto" a given crt is used for every TDL that admits it.
+
 Simplifications: batch size 1; the vocabulary check without a tokenizer compares sizes only (pass
 tokenizer= for the hash check); the loop cuts the last steps' trees to the depth that can still be
 emitted (max_new_tokens), and EOS inside an accepted run cuts the output (Request.trim) and the cache.
@@ -33,9 +40,18 @@ from __future__ import annotations
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
+from ..mechanisms.budget import TreeBudget, check_budget, is_auto, path_yield, resolve_curve
 from ..mechanisms.draft_tree import grow_tree
 from ..mechanisms.ngram_table import NgramTable
 from ..tools.frozen_tables import resolve_frozen
+
+
+TDL_LADDER = (4, 6, 8, 12, 16, 24, 32, 48, 64, 96)  # tdl="auto" picks among these
+
+
+def scaled_crt(tdl: int) -> int:
+    """CRT when not given: the paper's ratio CRT/TDL = 16/96, rounded (at least 1: a reserve for depth)."""
+    return max(1, round(tdl / 6))
 
 
 @register_proposer("cacheback")
@@ -45,17 +61,30 @@ class Cacheback(Proposer):
     merge: trie merging of equal sibling chains. frozen: True (the shipped or cached table, else dynamic only,
     warned once), False, "build" (count one from the corpus now, cached; needs tokenizer=), a path or a table.
     dynamic=False: the frozen table alone (Table 1's "only frozen"; then a frozen table is required).
-    tokenizer: checks (and, with frozen="build", counts) the frozen table with the target's tokenizer."""
+    tokenizer: checks (and, with frozen="build", counts) the frozen table with the target's tokenizer.
+    tdl: an int >= 2, or "auto" (chosen each step from the cost curve; costs= injects the curve). crt: None
+    (round(TDL / 6)) or an int."""
 
-    def __init__(self, ll: int = 1, fl: int = 3, lc: int = 2**20, fc: int = 128, tdl: int = 96, crt: int = 16,
-                 merge: bool = False, frozen=True, dynamic: bool = True, tokenizer=None):
-        ll, fl, lc, fc, tdl = (check_int(name, value, 1) for name, value in
-                               dict(ll=ll, fl=fl, lc=lc, fc=fc, tdl=tdl).items())
-        crt = check_int("crt", crt)
-        if tdl < 2 or not 0 <= crt <= tdl - 2:
-            raise ValueError(f"need tdl >= 2 and 0 <= crt <= tdl - 2 (TDL counts the re-fed root, so TDL - 1 "
-                             f"draft slots, and CRT of them are kept from level 0, which needs one), got tdl={tdl}, "
-                             f"crt={crt}")
+    def __init__(self, ll: int = 1, fl: int = 3, lc: int = 2**20, fc: int = 128, tdl: int | str = 96,
+                 crt: int | None = None, merge: bool = False, frozen=True, dynamic: bool = True, tokenizer=None,
+                 costs=None):
+        ll, fl, lc, fc = (check_int(name, value, 1) for name, value in dict(ll=ll, fl=fl, lc=lc, fc=fc).items())
+        tdl = check_budget("tdl", tdl, 1)
+        crt = None if crt is None else check_int("crt", crt)
+        if is_auto(tdl):
+            self.ladder = [(t, scaled_crt(t) if crt is None else crt) for t in TDL_LADDER
+                           if crt is None or 0 <= crt <= t - 2]
+            if not self.ladder:
+                raise ValueError(f"crt={crt} leaves no TDL of the auto ladder {TDL_LADDER} (need 0 <= crt <= tdl - 2)")
+        else:
+            crt = min(scaled_crt(tdl), tdl - 2) if crt is None else crt
+            if tdl < 2 or not 0 <= crt <= tdl - 2:
+                raise ValueError(f"need tdl >= 2 and 0 <= crt <= tdl - 2 (TDL counts the re-fed root, so TDL - 1 "
+                                 f"draft slots, and CRT of them are kept from level 0, which needs one), got "
+                                 f"tdl={tdl}, crt={crt}")
+        if costs is not None and not is_auto(tdl):
+            raise ValueError("costs= is read only with tdl='auto'")
+        self.costs = costs
         for name, value in dict(merge=merge, dynamic=dynamic).items():
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be True or False, got {value!r}")
@@ -79,18 +108,39 @@ class Cacheback(Proposer):
             self.tables.insert(0, self.dynamic)
         self.tail = max(t.leader_len for t in self.tables)  # grow_tree reads at most this many context tokens
         self.window = c["ll"] + c["fl"] - 1
+        self.chooser = None
+        if is_auto(c["tdl"]):  # the curve is read (or measured once per device + model + dtype) before any step
+            self.crts = dict(self.ladder)
+            self.chooser = TreeBudget(resolve_curve(self.costs, state.request.target), list(self.crts))
+            self.tdls: list[int] = []
+
+    def _grow(self, context, tdl: int, crt: int):
+        return grow_tree(context, self.tables, tdl, crt, refed=1, merge=self.config["merge"])
 
     def propose(self, state: LoopState, budget: int) -> Proposal:
         c = self.config
-        return Proposal(grow_tree(state.committed[-self.tail:], self.tables, c["tdl"], c["crt"], refed=1,
-                                  merge=c["merge"]))
+        context = state.committed[-self.tail:]
+        if self.chooser is None:
+            return Proposal(self._grow(context, c["tdl"], c["crt"]))
+        tdl, self.others = self.chooser.choose()
+        self.context = context
+        self.tdls.append(tdl)
+        return Proposal(self._grow(context, tdl, self.crts[tdl]), info=dict(tdl=tdl))
 
     def observe(self, state: LoopState, verdict) -> None:
+        if self.chooser is not None:  # before the table update: the smaller trees this step could have grown
+            emitted, tree = verdict.emitted, verdict.proposal.tree
+            results = {verdict.proposal.info["tdl"]: (len(emitted), len(tree) + 1)}
+            for tdl in self.others:
+                other = self._grow(self.context, tdl, self.crts[tdl])
+                results[tdl] = (path_yield(other, emitted), len(other) + 1)
+            self.chooser.record(results)
         if self.dynamic is not None:  # the windows completed by the new tokens (§3.2, Figure 2)
             n_new = len(verdict.emitted)
             self.dynamic.update_new(state.committed[-(n_new + self.window):], n_new)
 
     def stats(self) -> dict:
-        return dict(config=dict(self.config),
+        extra = {} if self.chooser is None else dict(tdls=self.tdls, curve=repr(self.chooser.curve))
+        return dict(config=dict(self.config), **extra,
                     frozen=None if self.frozen is None else (self.frozen.meta.get("path") or "in memory"),
                     dynamic_leaders=len(self.dynamic) if self.dynamic is not None else 0)

@@ -30,6 +30,12 @@ greedy walk or the speculative-sampling rule verify.speculative_chain, the commi
 emits every token with probability exactly p (Leviathan et al., Appendix A.1): the contract test checks it
 against an exact enumeration, with a negative control.
 
+Draft budget from this machine (issue 14, mechanisms/budget.py): gamma="auto" picks, each step, the gamma in
+1..16 maximising E[tokens | gamma] / (gamma x t_draft(1) + t_target(gamma + 1)), E from the per-depth acceptance
+counted online, t_draft and t_target the two models' forward costs measured here once (cached per device +
+model + dtype; `costs=` / `draft_costs=` inject them). adaptive=True is HF's heuristic instead (+2 after a full
+acceptance, -1 otherwise, blind to costs); the two exclude each other.
+
 Simplifications: batch size 1; draft and target on one device and sharing a tokenizer; no confidence-based
 early stop of drafting (HF's assistant_confidence_threshold); the draft stops drafting at EOS (nothing
 after it can be emitted); the adaptive schedule is HF's "heuristic" one.
@@ -40,20 +46,31 @@ import torch
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
+from ..mechanisms.budget import ChainBudget, check_budget, is_auto, resolve_curve
 from ..mechanisms.draft_tree import DraftTree
 from ..mechanisms.kv_cache import TrackedCache
 from ..sampling import probs, sample
 
 
+AUTO_MAX_GAMMA = 16  # gamma="auto" picks 1..16 drafts per step
+
+
 @register_proposer("draft_model", needs_draft=True)
 class DraftModel(Proposer):
-    """Draft-model speculative decoding (chain of gamma drafts, one-forward verification, cache rollback)."""
+    """Draft-model speculative decoding (chain of gamma drafts, one-forward verification, cache rollback).
 
-    def __init__(self, gamma: int = 4, adaptive: bool = False):
-        self.gamma = check_int("gamma", gamma, 1)
+    gamma: an int >= 1, or "auto" (from the measured costs; costs=/draft_costs= inject them). adaptive: HF's
+    heuristic schedule."""
+
+    def __init__(self, gamma: int | str = 4, adaptive: bool = False, costs=None, draft_costs=None):
+        self.gamma = check_budget("gamma", gamma, 1)
         if not isinstance(adaptive, bool):
             raise TypeError(f"adaptive must be True or False, got {adaptive!r}")
-        self.adaptive = adaptive
+        if adaptive and is_auto(gamma):
+            raise ValueError("gamma='auto' and adaptive=True are two schedules for one gamma: pick one")
+        if (costs is not None or draft_costs is not None) and not is_auto(gamma):
+            raise ValueError("costs= and draft_costs= are read only with gamma='auto'")
+        self.adaptive, self.costs, self.draft_costs = adaptive, costs, draft_costs
 
     def start(self, state: LoopState) -> None:
         self.draft = TrackedCache(state.request.draft)
@@ -61,9 +78,15 @@ class DraftModel(Proposer):
         self.eos = state.request.eos_token_id
         self.gammas: list[int] = []
         self.draft_forwards = 0
+        self.chooser = None
+        if is_auto(self.gamma):  # g draft forwards of one row each, then the target's g + 1 rows
+            one = resolve_curve(self.draft_costs, state.request.draft)(1)
+            self.chooser = ChainBudget(resolve_curve(self.costs, state.request.target), max_len=AUTO_MAX_GAMMA,
+                                       draft_ms=lambda g: g * one)
 
     def propose(self, state: LoopState, budget: int) -> Proposal:
-        g = min(self.gamma, budget)  # the step adds g + 1 tokens at most
+        gamma = self.gamma if self.chooser is None else self.chooser.choose(budget)
+        g = min(gamma, budget)  # the step adds g + 1 tokens at most
         self.gammas.append(g)
         drafts, q_rows = [], []
         feed = state.committed[len(self.draft.tokens):]  # 1 token, 2 after a full acceptance, the prompt on step 1
@@ -87,6 +110,8 @@ class DraftModel(Proposer):
         if state.debug:
             self.draft.check(state.committed, "draft")
         drafted = len(verdict.proposal.tree)
+        if self.chooser is not None and drafted:
+            self.chooser.record(drafted, len(verdict.accepted))
         if self.adaptive and drafted:  # HF's "heuristic" schedule
             self.gamma = self.gamma + 2 if len(verdict.accepted) == drafted else max(1, self.gamma - 1)
 

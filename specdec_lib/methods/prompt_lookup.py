@@ -19,12 +19,18 @@ Defaults: max_ngram=3 and num_tokens=10 (the original's; HF's max n is 2).
 Lookup cost: an index {n-gram: position} per n, extended with the new tokens after each step, so a step
 costs O(new tokens * max_ngram), not a scan of the whole text (the original and HF scan with unfold).
 
+Draft budget from this machine (issue 14, mechanisms/budget.py): num_tokens="auto" picks, at each match, the
+chain length g in 1..32 maximising E[tokens | g] / t(g + 1), E from P(accept depth d | depth d reached) counted
+over this generation's matched steps, t the target's forward cost measured here once (cached per device + model
++ dtype; `costs=` injects one).
+
 Simplifications: batch size 1; one candidate (no tree of several matches).
 """
 from __future__ import annotations
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
+from ..mechanisms.budget import ChainBudget, check_budget, is_auto, resolve_curve
 from ..mechanisms.draft_tree import DraftTree
 
 
@@ -71,13 +77,21 @@ def continuation(seq: list[int], start: int, count: int, eos: int | None = None)
     return out
 
 
+AUTO_MAX_TOKENS = 32  # num_tokens="auto" picks 1..32 tokens per step
+
+
 @register_proposer("prompt_lookup")
 class PromptLookup(Proposer):
     """Prompt lookup decoding (our own: latest n-gram match, chain verified as a tree, KV compaction)."""
 
-    def __init__(self, num_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1, match: str = "recent"):
-        self.num_tokens, self.max_ngram, self.min_ngram = (check_int(name, value, 1) for name, value in (
-            ("num_tokens", num_tokens), ("max_ngram", max_ngram), ("min_ngram", min_ngram)))
+    def __init__(self, num_tokens: int | str = 10, max_ngram: int = 3, min_ngram: int = 1, match: str = "recent",
+                 costs=None):
+        self.num_tokens = check_budget("num_tokens", num_tokens, 1)
+        self.max_ngram, self.min_ngram = (check_int(name, value, 1) for name, value in (
+            ("max_ngram", max_ngram), ("min_ngram", min_ngram)))
+        if costs is not None and not is_auto(num_tokens):
+            raise ValueError("costs= is read only with num_tokens='auto'")
+        self.costs = costs
         if min_ngram > max_ngram:
             raise ValueError(f"min_ngram ({min_ngram}) must be <= max_ngram ({max_ngram})")
         if match not in ("recent", "earliest"):
@@ -88,16 +102,26 @@ class PromptLookup(Proposer):
         self.eos = state.request.eos_token_id
         self.index = NgramIndex(self.min_ngram, self.max_ngram, earliest=self.match == "earliest")
         self.index.extend(state.committed)
+        self.chooser = None
+        if is_auto(self.num_tokens):
+            self.chooser = ChainBudget(resolve_curve(self.costs, state.request.target), max_len=AUTO_MAX_TOKENS)
+            self.lengths: list[int] = []
 
     def propose(self, state: LoopState, budget: int) -> Proposal:
         committed = state.committed
         n, start = self.index.lookup(committed)
-        drafts = continuation(committed, start, min(self.num_tokens, budget), self.eos) if n else []
+        count = self.num_tokens if self.chooser is None else self.chooser.choose(budget)
+        drafts = continuation(committed, start, min(count, budget), self.eos) if n else []
+        if self.chooser is not None and n:
+            self.lengths.append(len(drafts))
         return Proposal(DraftTree.chain(committed[-1], drafts), info=dict(ngram=n))
 
     def observe(self, state: LoopState, verdict) -> None:
+        if self.chooser is not None and len(verdict.proposal.tree):  # steps with a match only
+            self.chooser.record(len(verdict.proposal.tree), len(verdict.accepted))
         self.index.extend(state.committed)  # indexes only the n-grams it has not seen
 
     def stats(self) -> dict:
+        extra = {} if self.chooser is None else dict(lengths=self.lengths, curve=repr(self.chooser.curve))
         return dict(config=dict(num_tokens=self.num_tokens, max_ngram=self.max_ngram, min_ngram=self.min_ngram,
-                                match=self.match))
+                                match=self.match), **extra)

@@ -1,0 +1,175 @@
+"""Draft budgets chosen from the cost curve (mechanisms/budget.py, the methods' "auto" budgets).
+
+With an injected curve the choices are deterministic and follow the arithmetic (expensive extra rows: small
+budgets; flat curve: large ones); auto is lossless (greedy parity, seeded sampling == autoregressive); the
+on-disk curve cache is reused and keyed by device / model / dtype."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from specdec_lib import generate
+from specdec_lib.mechanisms import budget as B
+from specdec_lib.mechanisms.draft_tree import DraftTree
+
+from conftest import SHIPPED_PROMPTS, autoregressive_samples, random_lm, repeating_prompt
+
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.filterwarnings("ignore::specdec_lib.tools.frozen_tables.NoFrozenTableWarning")]
+
+FLAT = B.CostCurve.from_points({1: 10.0, 128: 10.5})            # extra rows nearly free (a GPU)
+STEEP = B.CostCurve.from_points({1: 10.0, 2: 20.0, 128: 1280.0})  # every row costs a whole forward
+
+
+# ---------------------------------------------------------------- the curve
+
+def test_curve_interpolates_and_extends():
+    curve = B.CostCurve.from_points([(1, 5.0), (5, 9.0), (9, 17.0)])
+    assert curve(1) == 5.0 and curve(3) == 7.0 and curve(7) == 13.0
+    assert curve(11) == 21.0  # the last slope (2 ms per row) goes on
+    assert curve(0.5) == 5.0
+    with pytest.raises(ValueError):
+        B.CostCurve.from_points({0: 1.0})
+    with pytest.raises(ValueError):
+        B.CostCurve.from_points({1: -1.0})
+
+
+def test_measure_caches_on_disk_keyed_by_model_and_dtype(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(B, "_MEMO", {})
+    model = random_lm(seed=3, context=256)
+    first = B.CostCurve.measure(model, rows=(1, 4, 16), repeats=2)
+    files = list((tmp_path / "costs").glob("curve_*.json"))
+    assert len(files) == 1 and first.path == files[0]
+    data = json.loads(files[0].read_text())
+    assert data["key"]["dtype"] == "torch.float64" and data["key"]["device"].startswith("cpu:")
+    assert data["key"]["params"] == sum(p.numel() for p in model.parameters())
+    assert np.all(np.diff(first.ms) >= 0)  # more rows never cost less
+    # a new process (no in-memory copy) reads the file instead of measuring: mark the file to see it read
+    data["ms"] = [1.0, 2.0, 3.0]
+    files[0].write_text(json.dumps(data))
+    monkeypatch.setattr(B, "_MEMO", {})
+    assert B.CostCurve.measure(model).ms.tolist() == [1.0, 2.0, 3.0]
+    # another dtype or another model is another curve
+    B.CostCurve.measure(model.to(torch.float32), rows=(1, 4), repeats=1)
+    B.CostCurve.measure(random_lm(seed=4, layers=3, context=256), rows=(1, 4), repeats=1)
+    assert len(list((tmp_path / "costs").glob("curve_*.json"))) == 3
+
+
+# ---------------------------------------------------------------- the choosers' arithmetic
+
+def test_chain_budget_follows_the_curve():
+    for curve, expected in ((FLAT, 16), (STEEP, 1)):
+        chooser = B.ChainBudget(curve, max_len=16, explore=0.0)
+        for _ in range(20):
+            chooser.record(16, 14)  # a high acceptance at every depth
+        assert chooser.choose() == expected
+    # the formula: E[tokens | g] = 1 + sum_d prod_{j<=d} a_j
+    chooser = B.ChainBudget(FLAT, max_len=3, strength=1e-9, explore=0.0)
+    chooser.record(3, 1)  # depth 1 accepted, depth 2 rejected, depth 3 not reached
+    chooser.record(3, 3)
+    a = chooser.rates()
+    assert np.allclose(a[:2], [1.0, 0.5])
+    assert np.isclose(chooser.expected_tokens()[3], 1 + a[0] + a[0] * a[1] + a[0] * a[1] * a[2])
+
+
+def test_chain_budget_draft_cost_shortens_chains():
+    cheap = B.ChainBudget(FLAT, max_len=16, explore=0.0)
+    dear = B.ChainBudget(FLAT, max_len=16, draft_ms=lambda g: 5.0 * g, explore=0.0)
+    for chooser in (cheap, dear):
+        for _ in range(20):
+            chooser.record(16, 8)
+    assert dear.choose() < cheap.choose()
+    assert dear.choose(limit=2) <= 2
+
+
+def test_tree_budget_follows_the_curve():
+    ladder = [4, 16, 64]
+    yields = {4: (2, 4), 16: (3, 16), 64: (4, 64)}  # (tokens, rows): bigger trees yield a little more
+    for curve, expected in ((FLAT, 64), (STEEP, 4)):
+        chooser = B.TreeBudget(curve, ladder, probe_every=1000)
+        assert chooser.choose() == (64, [4, 16])  # no data: the largest, counterfactuals for the rest
+        chooser.record(yields)
+        assert chooser.choose()[0] == expected
+    chooser = B.TreeBudget(STEEP, ladder, probe_every=2)
+    chooser.record(yields)
+    assert [chooser.choose()[0] for _ in range(4)] == [4, 16, 4, 16]  # every 2nd step probes one rung up
+
+
+def test_path_yield():
+    tree = DraftTree(7)
+    tree.add_chain(-1, [1, 2, 3])
+    tree.add_chain(-1, [1, 5])
+    assert B.path_yield(tree, [1, 2, 9]) == 3
+    assert B.path_yield(tree, [1, 5, 6, 0]) == 3
+    assert B.path_yield(tree, [4]) == 1 and B.path_yield(tree, [8, 8]) == 1
+
+
+# ---------------------------------------------------------------- the methods
+
+def test_bad_settings():
+    with pytest.raises(TypeError, match="auto"):
+        generate("cacheback", random_lm(), repeating_prompt(12, 0), 4, tdl="fast")
+    with pytest.raises(ValueError, match="costs"):
+        generate("prompt_lookup", random_lm(), repeating_prompt(12, 0), 4, num_tokens=4, costs={1: 1.0})
+    with pytest.raises(TypeError, match="costs"):
+        generate("prompt_lookup", random_lm(), repeating_prompt(12, 0), 4, num_tokens="auto", costs=[1.0])
+    with pytest.raises(ValueError, match="adaptive"):
+        generate("draft_model", random_lm(), repeating_prompt(12, 0), 4, draft=random_lm(seed=1), gamma="auto",
+                 adaptive=True)
+    with pytest.raises(ValueError, match="crt"):
+        generate("cacheback", random_lm(), repeating_prompt(12, 0), 4, tdl="auto", crt=200)
+
+
+AUTO = {"cacheback": dict(tdl="auto"), "prompt_lookup": dict(num_tokens="auto"), "draft_model": dict(gamma="auto")}
+CURVES = {"cacheback": "costs", "prompt_lookup": "costs", "draft_model": "costs"}
+
+
+def _auto(method, curve):
+    kwargs = dict(AUTO[method], costs=curve)
+    if method == "draft_model":
+        kwargs["draft_costs"] = B.CostCurve.from_points({1: 2.0, 128: 4.0})
+    return kwargs
+
+
+def _budgets(result, method):
+    return result.stats[{"cacheback": "tdls", "prompt_lookup": "lengths", "draft_model": "gammas"}[method]]
+
+
+@pytest.mark.parametrize("method", sorted(AUTO))
+def test_auto_is_lossless_and_deterministic(tiny_pair64, tiny_pair, method):
+    target, draft, _ = tiny_pair64
+    means = []
+    for text in SHIPPED_PROMPTS:
+        ids = tiny_pair.encode(text)
+        reference = generate("hf", target, ids, 48).new_tokens
+        runs = {name: [generate(method, target, ids, 48, draft=draft, debug=True, **_auto(method, curve))
+                       for _ in range(2)] for name, curve in (("flat", FLAT), ("steep", STEEP))}
+        for name, (a, b) in runs.items():
+            assert a.new_tokens == b.new_tokens == reference, (text, name)
+            assert _budgets(a, method) == _budgets(b, method)  # same curve, same history: same choices
+        means.append([np.mean(_budgets(runs[n][0], method)[1:]) for n in ("flat", "steep")])
+    flat, steep = np.array(means).T
+    assert np.all(steep <= flat) and np.any(steep < flat), means  # expensive rows: smaller budgets
+
+
+@pytest.mark.parametrize("method", ["cacheback", "prompt_lookup"])
+def test_auto_sampling_matches_autoregressive(method):
+    """Deterministic drafts + one seeded draw per emitted token: the tokens are autoregressive's, whatever
+    budget the chooser picks."""
+    target = random_lm(seed=5, logit_scale=20.0)
+    ids = repeating_prompt(30, 5, target.config.vocab_size)
+    for kwargs, expected in autoregressive_samples(target, ids, 24, seeds=range(3)):
+        result = generate(method, target, ids, 24, **kwargs, **_auto(method, FLAT))
+        assert result.new_tokens == expected, kwargs
+
+
+def test_draft_model_auto_sampling_is_seeded():
+    target, draft = random_lm(seed=6, logit_scale=5.0), random_lm(seed=7, layers=1, logit_scale=5.0)
+    ids = repeating_prompt(20, 6, target.config.vocab_size)
+    runs = [generate("draft_model", target, ids, 24, draft=draft, temperature=0.8, seed=11, **_auto("draft_model", FLAT))
+            for _ in range(2)]
+    assert runs[0].new_tokens == runs[1].new_tokens and len(runs[0].new_tokens) == 24
