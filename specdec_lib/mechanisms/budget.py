@@ -22,7 +22,8 @@ Two estimators of E[tokens | b]:
   (decayed) means of the tokens it yields and its tree's rows. A step's verdict tells, for every tree the
   proposer can regrow for a smaller candidate, exactly what that tree would have yielded (the emitted path is
   fixed: the longest prefix of it inside the smaller tree, + 1); a larger tree's yield is unknown, so every
-  `probe_every` steps the next larger candidate is verified instead (a deterministic probe, no coin).
+  `probe_every` steps a larger candidate is verified instead (the best by an optimistic, UCB-like estimate:
+  a deterministic probe, no coin).
 
 Simplifications: t is measured once at one prefix length (256 tokens; cost grows slowly with the prefix on
 small models) and cached on disk per device + model + dtype (`cost_cache_dir`); the draft time of the
@@ -209,38 +210,54 @@ class ChainBudget:
 
 
 class TreeBudget:
-    """A ladder of tree-size candidates with counterfactual yields (see the module doc)."""
+    """A ladder of tree-size candidates with counterfactual yields (see the module doc).
 
-    def __init__(self, curve: CostCurve, candidates: Sequence[int], probe_every: int = 4, window: int = 3,
-                 decay: float = 0.97, draft_ms: Callable[[int], float] | None = None):
+    A candidate's yield estimate is its decayed mean shrunk (one pseudo-step) toward the best mean of the
+    smaller candidates (a bigger budget mostly yields at least as much); the verified candidate is the best
+    estimated speed, except every `probe_every` steps: then the larger candidate with the best optimistic speed
+    (mean + explore / sqrt(1 + weight): seldom or long-ago seen candidates come back, discounted-UCB-like)."""
+
+    def __init__(self, curve: CostCurve, candidates: Sequence[int], probe_every: int = 8, window: int = 2,
+                 decay: float = 0.95, explore: float = 1.0, draft_ms: Callable[[int], float] | None = None):
         self.curve, self.candidates = curve, sorted(set(int(c) for c in candidates))
         if not self.candidates:
             raise ValueError("no candidate budgets")
         self.probe_every, self.window, self.decay = check_int("probe_every", probe_every, 1), window, decay
+        self.explore = explore
         self.draft_ms = draft_ms or (lambda b: 0.0)
         n = len(self.candidates)
         self.weight, self.tokens, self.rows = np.zeros(n), np.zeros(n), np.zeros(n)
         self.steps = 0
 
+    def estimates(self) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens per step, ms per step) of each candidate."""
+        means, prior = [], 1.0
+        for i, b in enumerate(self.candidates):
+            mean = (self.tokens[i] + prior) / (self.weight[i] + 1.0)
+            means.append(mean)
+            if self.weight[i] > 0:
+                prior = max(prior, self.tokens[i] / self.weight[i])
+        rows = [self.rows[i] / self.weight[i] if self.weight[i] > 0 else b + 1 for i, b in enumerate(self.candidates)]
+        cost = np.array([self.draft_ms(b) + self.curve(r) for b, r in zip(self.candidates, rows)])
+        return np.array(means), cost
+
     def speeds(self) -> np.ndarray:
-        """Estimated tokens per ms of each candidate (NaN: no data yet)."""
-        with np.errstate(invalid="ignore", divide="ignore"):
-            tokens, rows = self.tokens / self.weight, self.rows / self.weight
-        cost = np.array([self.draft_ms(b) + self.curve(r) if w > 0 else np.nan
-                         for b, r, w in zip(self.candidates, rows, self.weight)])
+        """Estimated tokens per ms of each candidate."""
+        tokens, cost = self.estimates()
         return tokens / cost
 
     def best(self) -> int:
-        """Index of the best candidate with data (the largest, before any data: the first step explores)."""
-        speeds = self.speeds()
-        return len(self.candidates) - 1 if np.all(np.isnan(speeds)) else int(np.nanargmax(speeds))
+        """Index of the best candidate (before any data: the largest, so the first step sees every rung)."""
+        return len(self.candidates) - 1 if not self.weight.any() else int(np.argmax(self.speeds()))
 
     def choose(self) -> tuple[int, list[int]]:
         """(budget to verify this step, smaller candidates whose trees to regrow for counterfactuals)."""
         self.steps += 1
         k = self.best()
         if self.steps % self.probe_every == 0 and k + 1 < len(self.candidates):
-            k += 1  # probe upward: a larger tree's yield is only seen by verifying it
+            tokens, cost = self.estimates()
+            optimistic = (tokens + self.explore / np.sqrt(1.0 + self.weight)) / cost
+            k = k + 1 + int(np.argmax(optimistic[k + 1:]))  # a larger tree's yield is only seen by verifying it
         return self.candidates[k], self.candidates[max(0, k - self.window):k]
 
     def record(self, results: dict[int, tuple[int, int]]) -> None:

@@ -5,7 +5,7 @@ cacheback-lru-ngram-drafting.txt): §3.1 the LRU table (ngram_table.NgramTable),
 growth under TDL/CRT (draft_tree.grow_tree), one-forward tree verification and the sliding-window table
 update after every step, §3.3 the dual tables (dynamic first, then the frozen corpus table; the dynamic one
 cleared per generation and seeded with the prompt). Defaults are the paper's (§4): LL=1, FL=3, LC=2^20,
-FC=128, TDL=96, CRT=16.
+FC=128, but TDL="auto" (chosen from this machine's cost curve, below; the paper's TDL=96, CRT=16 is tdl=96).
 
 One step, committed = prompt + output so far, the cache holding all of it but the last token (the root):
     draft:   tree = grow_tree(committed[-LL:], [dynamic, frozen], TDL, CRT, refed=1, merge)
@@ -26,11 +26,12 @@ The verifying forward projects only the tree rows the walk reads through the LM 
 verify.RowLogits): on a CPU that is a sixth of the tiny target's work per row.
 
 Draft budget from this machine (issue 14, mechanisms/budget.py): tdl="auto" picks, each step, a TDL of the
-ladder TDL_LADDER (4 .. 96) that maximises expected tokens / t(1 + tree size), t the target's forward cost
+ladder TDL_LADDER (8 .. 96) that maximises expected tokens / t(1 + tree size), t the target's forward cost
 measured here once (cached per device + model + dtype; `costs=` injects one, a CostCurve or {rows: ms}). Each
-step also regrows the trees of the (up to 3) next smaller TDLs to learn, from the emitted path, what they would
-have yielded; every 4th step verifies the next larger TDL (a probe). CRT, when not given, scales with TDL as
-in the paper (round(TDL / 6): 16 at 96); with tdl="auto" a given crt is used for every TDL that admits it.
+step also regrows the trees of the (up to 2) next smaller TDLs to learn, from the emitted path, what they would
+have yielded; every 8th step verifies a larger TDL (a probe, the best by an optimistic estimate). CRT, when not
+given, scales with TDL as in the paper (round(TDL / 6): 16 at 96), but at least FL (a smaller reserve never
+grows a second level); with tdl="auto" a given crt is used for every TDL that admits it.
 
 Simplifications: batch size 1; the vocabulary check without a tokenizer compares sizes only (pass
 tokenizer= for the hash check); the loop cuts the last steps' trees to the depth that can still be
@@ -46,12 +47,13 @@ from ..mechanisms.ngram_table import NgramTable
 from ..tools.frozen_tables import resolve_frozen
 
 
-TDL_LADDER = (4, 6, 8, 12, 16, 24, 32, 48, 64, 96)  # tdl="auto" picks among these
+TDL_LADDER = (8, 12, 16, 24, 32, 48, 64, 96)  # tdl="auto" picks among these
 
 
-def scaled_crt(tdl: int) -> int:
-    """CRT when not given: the paper's ratio CRT/TDL = 16/96, rounded (at least 1: a reserve for depth)."""
-    return max(1, round(tdl / 6))
+def scaled_crt(tdl: int, fl: int = 3) -> int:
+    """CRT when not given: the paper's ratio CRT/TDL = 16/96, rounded, but at least FL (a smaller reserve holds
+    no follower, so the tree would never grow past level 0), and at most TDL - 2."""
+    return max(0, min(tdl - 2, max(fl, round(tdl / 6))))
 
 
 @register_proposer("cacheback")
@@ -63,21 +65,21 @@ class Cacheback(Proposer):
     dynamic=False: the frozen table alone (Table 1's "only frozen"; then a frozen table is required).
     tokenizer: checks (and, with frozen="build", counts) the frozen table with the target's tokenizer.
     tdl: an int >= 2, or "auto" (chosen each step from the cost curve; costs= injects the curve). crt: None
-    (round(TDL / 6)) or an int."""
+    (round(TDL / 6), at least FL) or an int."""
 
-    def __init__(self, ll: int = 1, fl: int = 3, lc: int = 2**20, fc: int = 128, tdl: int | str = 96,
+    def __init__(self, ll: int = 1, fl: int = 3, lc: int = 2**20, fc: int = 128, tdl: int | str = "auto",
                  crt: int | None = None, merge: bool = False, frozen=True, dynamic: bool = True, tokenizer=None,
                  costs=None):
         ll, fl, lc, fc = (check_int(name, value, 1) for name, value in dict(ll=ll, fl=fl, lc=lc, fc=fc).items())
         tdl = check_budget("tdl", tdl, 1)
         crt = None if crt is None else check_int("crt", crt)
         if is_auto(tdl):
-            self.ladder = [(t, scaled_crt(t) if crt is None else crt) for t in TDL_LADDER
+            self.ladder = [(t, scaled_crt(t, fl) if crt is None else crt) for t in TDL_LADDER
                            if crt is None or 0 <= crt <= t - 2]
             if not self.ladder:
                 raise ValueError(f"crt={crt} leaves no TDL of the auto ladder {TDL_LADDER} (need 0 <= crt <= tdl - 2)")
         else:
-            crt = min(scaled_crt(tdl), tdl - 2) if crt is None else crt
+            crt = scaled_crt(tdl, fl) if crt is None else crt
             if tdl < 2 or not 0 <= crt <= tdl - 2:
                 raise ValueError(f"need tdl >= 2 and 0 <= crt <= tdl - 2 (TDL counts the re-fed root, so TDL - 1 "
                                  f"draft slots, and CRT of them are kept from level 0, which needs one), got "

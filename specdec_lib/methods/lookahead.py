@@ -30,6 +30,11 @@ Choices and simplifications (say them when comparing with the paper):
   reference (POOL_FROM_PROMPT=True); `from_text=False` pools the window's n-grams only;
 - guesses ride already during warm-up (the reference waits for N-1 levels), and are cut to the budget;
 - newest n-gram first, G per key, a repeated n-gram moves to the front (the reference keeps it LRU at the back);
+- guesses="auto" (issue 14, mechanisms/budget.py): the pool keeps 14 n-grams per key and each step proposes the
+  first g of them, g from GUESS_LADDER maximising expected tokens / t(1 + guess nodes + window rows) with t the
+  target's cost curve measured here (cached; `costs=` injects one); the trees of the next smaller g's are rebuilt
+  to learn their yields from the emitted path, and every 8th step probes a larger g. W and N stay fixed (the
+  window's shape is its state);
 - the reference's EOS filter of the window (replace EOS by prompt tokens) is not done: an EOS in the window is
   only a guess here; batch size 1.
 """
@@ -41,7 +46,10 @@ import torch
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, SideRows, register_proposer
+from ..mechanisms.budget import TreeBudget, check_budget, is_auto, path_yield, resolve_curve
 from ..mechanisms.draft_tree import ROOT, DraftTree
+
+GUESS_LADDER = (0, 1, 2, 3, 4, 5, 7, 10, 14)  # guesses="auto" picks among these (the pool keeps the largest)
 
 
 def window_sees(levels: int, columns: int) -> torch.Tensor:
@@ -87,12 +95,17 @@ class Lookahead(Proposer):
     """Lookahead decoding (Jacobi window rows + n-gram pool guesses in one forward, tree-verified; Fu et al. 2024).
 
     window W: columns of the Jacobi window; ngram N: n-gram size (N-1 window levels, guesses of N-1 tokens);
-    guesses G: n-grams kept per key (and proposed per step); from_text: pool the text's n-grams too; seed: the
+    guesses G: n-grams kept per key (and proposed per step), or "auto" (from the cost curve); from_text: pool the
+    text's n-grams too; seed: the
     window's initial draw from the prompt."""
 
-    def __init__(self, window: int = 7, ngram: int = 5, guesses: int = 7, from_text: bool = True, seed: int = 0):
+    def __init__(self, window: int = 7, ngram: int = 5, guesses: int | str = 7, from_text: bool = True,
+                 seed: int = 0, costs=None):
         self.W, self.N, self.G = check_int("window", window, 1), check_int("ngram", ngram, 2), \
-            check_int("guesses", guesses, 0)
+            check_budget("guesses", guesses, 0)
+        if costs is not None and not is_auto(guesses):
+            raise ValueError("costs= is read only with guesses='auto'")
+        self.costs = costs
         if not isinstance(from_text, bool):
             raise TypeError(f"from_text must be True or False, got {from_text!r}")
         self.from_text, self.seed = from_text, check_int("seed", seed)
@@ -102,7 +115,11 @@ class Lookahead(Proposer):
         rng = random.Random(self.seed)  # own RNG: the window never touches the request's generator
         # level 0 is wider by the N-2 columns the warm-up steps drop; one level until the window fills
         self.levels = [[rng.choice(prompt) for _ in range(self.W + self.N - 2)]]
-        self.pool = NgramPool(self.G)
+        self.chooser = None
+        if is_auto(self.G):  # the pool keeps the most the ladder may propose; the chooser picks how many
+            self.chooser = TreeBudget(resolve_curve(self.costs, state.request.target), GUESS_LADDER)
+            self.chosen: list[int] = []
+        self.pool = NgramPool(GUESS_LADDER[-1] if self.chooser else self.G)
         if self.from_text:
             self.pool.add_text(prompt, self.N)
         self.window_grams = self.guesses_proposed = 0
@@ -112,6 +129,12 @@ class Lookahead(Proposer):
         tree = DraftTree(root)
         length = min(self.N - 1, budget)  # deeper guess tokens could not be emitted
         guesses = self.pool.get(root) if length > 0 else []
+        info = {}
+        if self.chooser is not None and guesses:  # no guesses: nothing to choose (or learn)
+            g, self.others = self.chooser.choose()
+            self.chosen.append(g)
+            self.candidates, self.length, info = guesses, length, dict(g=g)
+            guesses = guesses[:g]
         for gram in guesses:
             tree.add_chain(ROOT, gram[:length], merge=True)  # shared prefixes merged: a trie
         levels, cols = len(self.levels), len(self.levels[0])
@@ -120,9 +143,23 @@ class Lookahead(Proposer):
         last = list(range((levels - 1) * cols, levels * cols))  # only the newest level's predictions are read
         side = SideRows(tokens, depths, window_sees(levels, cols), logits_rows=last)
         self.guesses_proposed += len(guesses)
-        return Proposal(tree, side=side, info=dict(guesses=len(guesses), levels=levels, pool=self.pool.size))
+        return Proposal(tree, side=side, info=dict(guesses=len(guesses), levels=levels, pool=self.pool.size, **info))
+
+    def _guess_tree(self, root: int, g: int) -> DraftTree:
+        tree = DraftTree(root)
+        for gram in self.candidates[:g]:
+            tree.add_chain(ROOT, gram[:self.length], merge=True)
+        return tree
 
     def observe(self, state: LoopState, verdict) -> None:
+        proposal = verdict.proposal if self.chooser is not None else None
+        if proposal is not None and "g" in proposal.info:  # the window rows are paid whatever g is
+            window, emitted = len(proposal.side.tokens), verdict.emitted
+            results = {proposal.info["g"]: (len(emitted), 1 + len(proposal.tree) + window)}
+            for g in self.others:
+                tree = self._guess_tree(proposal.tree.root, g)
+                results[g] = (path_yield(tree, emitted), 1 + len(tree) + window)
+            self.chooser.record(results)
         levels, cols = len(self.levels), len(self.levels[0])
         # side_logits (cols, V): the last level's rows (logits_rows); argmax even when sampling: the window only
         # generates guesses
@@ -140,7 +177,8 @@ class Lookahead(Proposer):
             self.pool.add_text(committed, self.N, max(0, len(committed) - n_new - self.N + 1))
 
     def stats(self) -> dict:
+        extra = {} if self.chooser is None else dict(guesses_chosen=self.chosen)
         return dict(config=dict(window=self.W, ngram=self.N, guesses=self.G, from_text=self.from_text,
-                                seed=self.seed),
+                                seed=self.seed), **extra,
                     pool_keys=len(self.pool.grams), pool_ngrams=self.pool.size, window_ngrams=self.window_grams,
                     guesses_proposed=self.guesses_proposed)
