@@ -42,7 +42,7 @@ models: $(STAMP)
 	$(BIN)/python -m specdec_lib.tools.train_tiny --out data/models
 	$(BIN)/python -m specdec_lib.tools.model_card --models data/models
 
-BENCH_METHODS ?= hf,autoregressive,hf_prompt_lookup,hf_assisted,prompt_lookup,draft_model,cacheback,cacheback@tdl=16+crt=4,lookahead,fafo,card,card@mode=process
+BENCH_METHODS ?= hf,autoregressive,hf_prompt_lookup,hf_assisted,prompt_lookup,draft_model,cacheback,cacheback@tdl=96+crt=16,cacheback@tdl=16+crt=4,lookahead,fafo,card,card@mode=process
 bench: $(STAMP)
 	$(BIN)/python -m specdec_lib.bench --models tiny --suite code --methods $(BENCH_METHODS)
 
