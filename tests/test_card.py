@@ -148,20 +148,22 @@ def test_thread_mode_gives_the_sync_greedy_tokens(models, self_draft):
     assert not drafter_threads()
 
 
-def test_thread_mode_stops_at_eos_and_max_new_tokens(models):
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_concurrent_modes_stop_at_eos_and_max_new_tokens(models, mode):
     target, _, ids = models
     reference = generate("hf", target, ids, 12).new_tokens
     for n in (1, 2, 5):
-        result, error = in_time(lambda: generate("card", target, ids, n, draft=target, mode="thread"))
+        result, error = in_time(lambda: generate("card", target, ids, n, draft=target, mode=mode))
         assert error is None and result.new_tokens == reference[:n]
     eos = reference[6]
-    result, error = in_time(lambda: generate("card", target, ids, 12, draft=target, mode="thread",
+    result, error = in_time(lambda: generate("card", target, ids, 12, draft=target, mode=mode,
                                              eos_token_id=eos))
     assert error is None and result.new_tokens == reference[:reference.index(eos) + 1]
     assert not drafter_threads()
 
 
-def test_thread_mode_shuts_down_when_observe_raises(models, monkeypatch):
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_concurrent_modes_shut_down_when_observe_raises(models, monkeypatch, mode):
     target, draft, ids = models
     calls = []
     original = Card.observe
@@ -173,7 +175,7 @@ def test_thread_mode_shuts_down_when_observe_raises(models, monkeypatch):
         return original(self, state, verdict)
 
     monkeypatch.setattr(Card, "observe", observe)
-    _, error = in_time(lambda: generate("card", target, ids, 30, draft=draft, mode="thread"))
+    _, error = in_time(lambda: generate("card", target, ids, 30, draft=draft, mode=mode))
     assert isinstance(error, KeyError) and len(calls) == 3
     assert not drafter_threads()
 
@@ -247,19 +249,6 @@ def test_process_mode_gives_the_sync_greedy_tokens(models, self_draft):
     assert torch.get_num_threads() == 1 and not drafter_threads()  # the one_thread fixture's value is back
 
 
-def test_process_mode_stops_at_eos_and_max_new_tokens(models):
-    target, _, ids = models
-    reference = generate("hf", target, ids, 12).new_tokens
-    for n in (1, 2, 5):
-        result, error = in_time(lambda: generate("card", target, ids, n, draft=target, mode="process"))
-        assert error is None and result.new_tokens == reference[:n]
-    eos = reference[6]
-    result, error = in_time(lambda: generate("card", target, ids, 12, draft=target, mode="process",
-                                             eos_token_id=eos))
-    assert error is None and result.new_tokens == reference[:reference.index(eos) + 1]
-    assert not drafter_threads()
-
-
 @pytest.mark.parametrize("failure", ["raise", "die"])
 def test_a_drafter_process_failure_reaches_the_caller(models, monkeypatch, failure):
     """The child raising (its traceback comes back) or dying without a word: a clear error, no hang, no orphan."""
@@ -280,23 +269,6 @@ def test_a_drafter_process_failure_reaches_the_caller(models, monkeypatch, failu
     assert isinstance(error, RuntimeError), error
     assert ("ValueError: drafter failed" in str(error)) if failure == "raise" else ("died" in str(error))
     assert calls == [] and not drafter_threads()  # only the child drafts
-
-
-def test_process_mode_shuts_down_when_observe_raises(models, monkeypatch):
-    target, draft, ids = models
-    calls = []
-    original = Card.observe
-
-    def observe(self, state, verdict):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyError("observe failed")
-        return original(self, state, verdict)
-
-    monkeypatch.setattr(Card, "observe", observe)
-    _, error = in_time(lambda: generate("card", target, ids, 30, draft=draft, mode="process"))
-    assert isinstance(error, KeyError) and len(calls) == 3
-    assert not drafter_threads()
 
 
 def test_process_mode_sampling_matches_the_target_distribution():

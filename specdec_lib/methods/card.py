@@ -21,7 +21,7 @@ Modes (`mode`):
   raced a correction is rolled back. On one machine
   this SIMULATES the paper's two GPUs: the two threads share the CPU, each with ONE intra-op thread -
   torch.set_num_threads is process-global, so start sets 1 for the whole process and finish restores the old
-  value (the forwards run outside the GIL, so drafter and target overlap on the 2 cores).
+  value (torch kernels release the GIL, so the two overlap on the 2 cores as far as the kernels go).
   A worker exception is recorded and re-raised in the next propose/observe, or in finish; finish stops the
   worker and joins it (with a timeout) on every exit: EOS, max_new_tokens, or an exception on either side.
   Measured: on small models the forwards are mostly Python work under the GIL, so the two threads slow each
@@ -44,7 +44,8 @@ stats(): hit rate, draft layers, config, and in thread and process modes the bus
 start/end of each draft forward and of each target step = propose's return to observe's call) for a Gantt /
 overlap figure (bench/timeline.py); thread mode also counts the layers discarded by a correction.
 
-Simplifications: the paper's two processes on two GPUs are one process (threads, or none); the target
+Simplifications: the paper's two processes on two GPUs are two processes on one CPU, or one process (threads,
+or none); the target
 verifies one chain (no tree attention on the target side, as the paper); scores use the draft's raw
 probabilities; the drafter stops at `max_depth` layers ahead of the root.
 """
@@ -59,8 +60,7 @@ from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
 from ..mechanisms.card_process import DrafterProcess
 from ..mechanisms.card_tree import CardTree
-from ..mechanisms.draft_tree import ROOT
-from ..mechanisms.draft_tree import DraftTree
+from ..mechanisms.draft_tree import ROOT, DraftTree
 
 WORKER_NAME = "card-drafter"
 MODES = ("sync", "thread", "process")
@@ -185,11 +185,14 @@ class Card(Proposer):
 
     # ---- the loop's hooks -------------------------------------------------------------------------------
 
-    def _ready(self) -> bool:
+    def _may_query(self, depth: int, root_fed: bool, since_query: int) -> bool:
         """The target may query: `ratio` layers since the last query and a tree at least `ratio` deep (after a
-        miss the target waits for the drafter), or the tree is at max_depth."""
-        return not self._can_grow() or (self.since_query >= self.ratio
-                                        and self.tree.depth >= min(self.ratio, self.max_depth))
+        miss the target waits for the drafter), or the tree is at max_depth (the drafter cannot grow it)."""
+        can_grow = depth < self.max_depth or not root_fed
+        return not can_grow or (since_query >= self.ratio and depth >= min(self.ratio, self.max_depth))
+
+    def _ready(self) -> bool:
+        return self._may_query(self.tree.depth, self.tree.root_logits is not None, self.since_query)
 
     def propose(self, state: LoopState, budget: int) -> Proposal:
         if self.mode == "process":
@@ -216,9 +219,7 @@ class Card(Proposer):
 
     def _ready_copy(self, tree) -> bool:
         """_ready for the process drafter's published tree."""
-        can_grow = tree.depth < self.max_depth or not tree.root_fed
-        return not can_grow or (tree.layers - self.layers_at_query >= self.ratio
-                                and tree.depth >= min(self.ratio, self.max_depth))
+        return self._may_query(tree.depth, tree.root_fed, tree.layers - self.layers_at_query)
 
     def _grow(self) -> None:
         self.tree.grow()
