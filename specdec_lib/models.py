@@ -64,6 +64,19 @@ def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
     return dtype
 
 
+def cpu_model_name() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else what `platform` knows: for result files and cache keys."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for queued GPU work, so a wall-clock time covers it (a no-op on CPU)."""
     if device.type == "cuda":

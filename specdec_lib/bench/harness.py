@@ -41,7 +41,7 @@ import pandas as pd
 import torch
 
 from ..decoding import METHODS, context_length, generate
-from ..models import PROMPTS_DIR
+from ..models import PROMPTS_DIR, cpu_model_name
 
 SUITES = ("code", "editing")
 DEFAULT_LIMIT = 12  # CLI default: the first 12 prompts of a suite (24 x 3 repeats took 8 minutes on 2 CPU cores)
@@ -215,15 +215,7 @@ def machine_info(pair=None) -> dict:
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     else:
-        name = platform.processor() or platform.machine()
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-        except OSError:
-            pass
-        name = f"CPU {name}, {torch.get_num_threads()} threads"
+        name = f"CPU {cpu_model_name()}, {torch.get_num_threads()} threads"
     return {"device": name, "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "platform": platform.platform()}
 

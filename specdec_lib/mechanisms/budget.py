@@ -35,7 +35,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -59,19 +58,13 @@ def cost_cache_dir() -> Path:
 
 
 def _device_name(device) -> str:
-    if device.type == "cuda":
-        import torch
-        return f"cuda:{torch.cuda.get_device_name(device)}"
-    name = platform.processor() or platform.machine()
-    try:  # Linux names the CPU model here; cost also depends on how many threads torch uses
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     import torch
-    return f"{device.type}:{name}:{torch.get_num_threads()} threads"
+
+    from ..models import cpu_model_name
+
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return f"{device.type}:{cpu_model_name()}:{torch.get_num_threads()} threads"  # cost depends on the threads
 
 
 def model_key(model) -> dict:
