@@ -88,24 +88,63 @@ def test_chain_budget_draft_cost_shortens_chains():
 
 def test_tree_budget_follows_the_curve():
     ladder = [4, 16, 64]
-    yields = {4: (2, 4), 16: (3, 16), 64: (4, 64)}  # (tokens, rows): bigger trees yield a little more
-    for curve, expected in ((FLAT, 64), (STEEP, 4)):
+    yields = {4: (2, 5), 16: (3, 17), 64: (4, 65)}  # (tokens, rows): bigger trees yield a little more
+    for curve, first, others, expected in ((FLAT, 64, [16], 64), (STEEP, 4, [16], 4)):
         chooser = B.TreeBudget(curve, ladder, probe_every=1000)
-        assert chooser.choose() == (64, [4, 16])  # no data: the largest, counterfactuals for the rest
-        chooser.record(yields)
+        # no data: the largest nearly free candidate; counterfactuals for the next smaller and larger ones
+        assert chooser.choose() == (first, others)
+        chooser.record(yields, verified=first)
         assert chooser.choose()[0] == expected
     chooser = B.TreeBudget(STEEP, ladder, probe_every=2)
-    chooser.record(yields)
+    chooser.record(yields, verified=4)
     assert [chooser.choose()[0] for _ in range(4)] == [4, 16, 4, 16]  # every 2nd step probes one rung up
 
 
-def test_path_yield():
+def test_tree_budget_compares_candidates_on_the_same_steps():
+    chooser = B.TreeBudget(FLAT, [4, 16, 64])
+    chooser.record({16: (3, 17), 4: (2, 5)}, verified=16)
+    tokens, _ = chooser.estimates()
+    # the verified yield's level (3 + 1) / (1 + 1) = 2, times each one's ratio to it on the same steps,
+    # shrunk one pseudo-step toward 1 (an unseen candidate: ratio 1)
+    assert np.allclose(tokens, [2 * 3 / 4, 2 * 4 / 4, 2.0])
+    # a hard stretch of text lowers every yield alike: the ratio, and so the ranking, holds
+    for _ in range(30):
+        chooser.record({16: (1, 17), 4: (1, 5)}, verified=16)
+    tokens, _ = chooser.estimates()
+    assert tokens[0] < tokens[1]
+
+
+def test_tree_budget_switches_only_past_the_margin():
+    curve = B.CostCurve.from_points({1: 10.0, 128: 10.0})
+    chooser = B.TreeBudget(curve, [4, 16], margin=0.10, decide_every=1)
+    assert chooser.choose()[0] == 16
+    for _ in range(20):  # 4 yields 5% more than 16 on the same steps (at equal cost): not enough to switch
+        chooser.record({16: (20, 17), 4: (21, 5)}, verified=16)
+        assert chooser.choose()[0] == 16
+    for _ in range(40):  # 25% more: switch
+        chooser.record({16: (20, 17), 4: (25, 5)}, verified=16)
+    assert chooser.choose()[0] == 4
+
+
+def test_tree_budget_first_step_is_the_largest_nearly_free_candidate():
+    cpu_like = B.CostCurve.from_points({1: 6.0, 9: 6.2, 17: 6.6, 25: 7.8, 97: 14.5})
+    assert B.TreeBudget(cpu_like, [8, 16, 24, 96]).choose()[0] == 16  # 6.6 <= 1.15 x 6.0 < 7.8
+    assert B.TreeBudget(cpu_like, [8, 16, 24, 96], free=0.5).choose()[0] == 24
+
+
+def test_tree_yield():
     tree = DraftTree(7)
     tree.add_chain(-1, [1, 2, 3])
     tree.add_chain(-1, [1, 5])
-    assert B.path_yield(tree, [1, 2, 9]) == 3
-    assert B.path_yield(tree, [1, 5, 6, 0]) == 3
-    assert B.path_yield(tree, [4]) == 1 and B.path_yield(tree, [8, 8]) == 1
+    assert B.tree_yield(tree, [1, 2, 9]) == (3, False)  # leaves the path at the third token
+    assert B.tree_yield(tree, [1, 5, 6, 0]) == (3, False)
+    assert B.tree_yield(tree, [4]) == (1, False) and B.tree_yield(tree, [8, 8]) == (1, False)
+    assert B.tree_yield(tree, [1, 2]) == (3, True)  # holds the bonus token too: at least 3, maybe more
+
+
+def test_cost_curve_is_monotone():
+    curve = B.CostCurve.from_points({1: 6.1, 2: 8.5, 4: 6.2, 8: 6.4})  # a spike at 2 rows: noise
+    assert [curve(r) for r in (1, 2, 4, 8)] == pytest.approx([6.1, 6.2, 6.2, 6.4])
 
 
 # ---------------------------------------------------------------- the methods

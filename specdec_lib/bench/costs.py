@@ -4,6 +4,10 @@
   on top of a cached prefix of `prefix` tokens. On small batches the cost barely grows with R at first (the
   weights are read once per forward either way), which is what lets a target verify several drafted tokens
   for about the price of one.
+- `verify_cost(model, rows, prefix)`: the same, but what the decoding loop pays for a step of R rows: the
+  loop's own `verify` of a draft tree of R - 1 nodes (tree mask, forward with the lazy head, the walk) and its
+  `commit`. On a CPU the mask and the masked attention add a share that grows with R (about 1.5 ms at 16 rows
+  and 10 ms at 96 on the tiny target): the curve `budget="auto"` chooses budgets from.
 - `expected_tokens_per_step(alpha, gamma)`: with per-token acceptance alpha (i.i.d., Leviathan et al. 2023)
   and a chain of gamma drafted tokens, the tokens one target forward yields, bonus token included:
       E[tokens] = 1 + alpha + ... + alpha^gamma = (1 - alpha^(gamma+1)) / (1 - alpha)   (gamma + 1 at alpha = 1)
@@ -131,3 +135,47 @@ def measured_agreement(target, draft, input_ids) -> float:
         t = target(input_ids=ids.to(next(target.parameters()).device)).logits[0].argmax(-1)  # (P,)
         d = draft(input_ids=ids.to(next(draft.parameters()).device)).logits[0].argmax(-1)  # (P,)
     return float((t.cpu() == d.cpu()).float().mean())
+
+
+def verify_cost(model, rows=DEFAULT_ROWS, prefix: int = 256, repeats: int = 7, warmup: int = 2,
+                seed: int = 0) -> pd.DataFrame:
+    """Median ms of one step of the decoding loop with R rows: `verify` of a tree of R - 1 random draft nodes
+    (branches of 4 from the root, like a small Cacheback tree) after a cached prefix, and `commit` (nothing
+    accepted: random drafts). Same columns as `forward_cost`."""
+    from ..mechanisms.draft_tree import ROOT, DraftTree
+    from ..mechanisms.verify import Proposal, commit, forward_spec, verify
+
+    rows = sorted(int(r) for r in rows)
+    if not rows or rows[0] < 1:
+        raise ValueError(f"rows must be positive ints, got {rows}")
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and prefix + rows[-1] > limit:
+        raise ValueError(f"prefix {prefix} + {rows[-1]} rows exceeds the model's context of {limit}")
+    device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab_size(model), (prefix + rows[-1],), generator=generator).tolist()
+    committed = ids[:prefix + 1]  # the cache holds all but the last (the root)
+    spec = forward_spec(model)
+    records = []
+    with torch.inference_mode():
+        cache = new_cache(model)
+        model(input_ids=torch.tensor([committed[:-1]], device=device), past_key_values=cache, use_cache=True)
+        for r in rows:
+            nodes = ids[prefix + 1:prefix + r]
+            tree = DraftTree(committed[-1], nodes, [ROOT if i % 4 == 0 else i - 1 for i in range(len(nodes))])
+            times = []
+            for i in range(warmup + repeats):
+                synchronize(device)
+                start = time.perf_counter()
+                verdict = verify(model, cache, Proposal(tree), committed, spec=spec)
+                commit(cache, verdict.prefix_len, verdict.accepted[:0])
+                synchronize(device)
+                if i >= warmup:
+                    times.append((time.perf_counter() - start) * 1000)
+                rollback(cache, prefix)
+            records.append(dict(model=type(model).__name__, device=str(device), prefix=prefix, rows=r,
+                                median_ms=statistics.median(times), min_ms=min(times)))
+    df = pd.DataFrame(records)
+    df["ms_per_token"] = df["median_ms"] / df["rows"]
+    df["relative"] = df["median_ms"] / df["median_ms"].iloc[0]
+    return df

@@ -18,12 +18,12 @@ Two estimators of E[tokens | b]:
       E[tokens | g] = 1 + sum_{d=1..g} prod_{j<=d} a_j        (Leviathan's formula without the i.i.d. a);
   a verified chain of g shows exactly what any shorter chain would have yielded; deeper depths are explored
   by optimism (a bonus on a_d shrinking as 1 / sqrt(times depth d was reached), UCB-like, no coin).
-- `TreeBudget` (a tree grown to a size budget: Cacheback's TDL): a ladder of candidates, each with running
-  (decayed) means of the tokens it yields and its tree's rows. A step's verdict tells, for every tree the
-  proposer can regrow for a smaller candidate, exactly what that tree would have yielded (the emitted path is
-  fixed: the longest prefix of it inside the smaller tree, + 1); a larger tree's yield is unknown, so every
-  `probe_every` steps a larger candidate is verified instead (the best by an optimistic, UCB-like estimate:
-  a deterministic probe, no coin).
+- `TreeBudget` (a tree grown to a size budget: Cacheback's TDL, Lookahead's guesses): a ladder of
+  candidates, each with running (decayed) means of the tokens it yields and its tree's rows. A step's verdict
+  tells, for every tree the proposer regrows for a neighbouring candidate, what that tree would have yielded
+  (`tree_yield`: the emitted path is fixed, so a tree that leaves it at position j yields j + 1), exactly, or
+  as a lower bound when a larger tree holds the whole path; every `probe_every` steps the next larger candidate
+  is verified instead (a deterministic probe, no coin).
 
 Simplifications: t is measured once at one prefix length (256 tokens; cost grows slowly with the prefix on
 small models) and cached on disk per device + model + dtype (`cost_cache_dir`); the draft time of the
@@ -32,6 +32,7 @@ gamma x its own one-row forward; acceptance is modelled per depth only (not per 
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import os
@@ -43,6 +44,7 @@ import numpy as np
 from ..checks import check_int
 
 AUTO = "auto"
+CURVE_KIND = "loop verify + commit"  # in the cache key: curves timed another way (plain forwards) are re-measured
 MEASURE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 _MEMO: dict[str, "CostCurve"] = {}  # curves measured or read in this process, by cache key
 
@@ -69,14 +71,14 @@ def _device_name(device) -> str:
 
 def model_key(model) -> dict:
     """What a curve is valid for: device name, model identity (name_or_path, parameter count, config hash),
-    dtype, and the torch version."""
+    dtype, the torch version, and what was timed."""
     import torch
     param = next(model.parameters())
     config = json.dumps(model.config.to_dict(), sort_keys=True, default=str)
     return dict(device=_device_name(param.device), model=str(getattr(model.config, "name_or_path", "") or ""),
                 params=int(sum(p.numel() for p in model.parameters())),
                 config=hashlib.sha256(config.encode()).hexdigest()[:16], dtype=str(param.dtype),
-                torch=torch.__version__)
+                torch=torch.__version__, timed=CURVE_KIND)
 
 
 class CostCurve:
@@ -91,6 +93,10 @@ class CostCurve:
             raise ValueError(f"need distinct row counts >= 1, got {list(rows)}")
         if not np.all(np.isfinite(self.ms)) or np.any(self.ms <= 0):
             raise ValueError(f"costs must be positive finite ms, got {list(ms)}")
+        # more rows never cost less. Timing noise is mostly upward (an interrupt, another process), so a point
+        # above a later, larger one is a spike: t(r) = min over r' >= r of the measured points
+        self.ms = np.minimum.accumulate(self.ms[::-1])[::-1]
+        self._rows, self._ms = self.rows.tolist(), self.ms.tolist()
         self.key = key
 
     @classmethod
@@ -99,12 +105,19 @@ class CostCurve:
         pairs = sorted(dict(points).items())
         return cls([r for r, _ in pairs], [m for _, m in pairs])
 
-    def __call__(self, rows: float) -> float:
+    def __call__(self, rows):
+        """t(rows) in ms; rows a number (a float back) or an array (an array back)."""
         r, m = self.rows, self.ms
-        if rows <= r[-1] or len(r) == 1:
-            return float(np.interp(rows, r, m))
-        slope = (m[-1] - m[-2]) / (r[-1] - r[-2])
-        return float(m[-1] + max(slope, 0.0) * (rows - r[-1]))
+        if isinstance(rows, (int, float)) and r[0] <= rows <= r[-1]:  # the chooser's hot path, without numpy
+            i = min(bisect.bisect_right(self._rows, rows), len(self._rows) - 1)
+            lo, hi = self._rows[i - 1], self._rows[i]
+            return self._ms[i - 1] + (self._ms[i] - self._ms[i - 1]) * (rows - lo) / (hi - lo) if hi > lo else self._ms[i]
+        x = np.asarray(rows, dtype=float)
+        y = np.interp(x, r, m)
+        if len(r) > 1:  # beyond the last point: its slope
+            slope = max(0.0, (m[-1] - m[-2]) / (r[-1] - r[-2]))
+            y = np.where(x > r[-1], m[-1] + slope * (x - r[-1]), y)
+        return float(y) if y.ndim == 0 else y
 
     def __repr__(self) -> str:
         points = ", ".join(f"{int(r)}: {m:.2f}" for r, m in zip(self.rows, self.ms))
@@ -113,7 +126,7 @@ class CostCurve:
     @classmethod
     def measure(cls, model, rows: Sequence[int] = MEASURE_ROWS, prefix: int = 256, repeats: int = 7,
                 cache: bool = True) -> "CostCurve":
-        """The curve of `model` here (bench.costs.forward_cost, lazy head as the loop verifies), read from the
+        """The curve of `model` here (bench.costs.verify_cost: the loop's own verify + commit), read from the
         on-disk cache when this device + model + dtype was measured before (cache=False: measure anew)."""
         key = model_key(model)
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
@@ -126,14 +139,12 @@ class CostCurve:
                 curve = _MEMO[digest] = cls(data["rows"], data["ms"], key)
                 curve.path = path
                 return curve
-        from ..bench.costs import forward_cost  # timing lives in bench/, not in the mechanisms
+        from ..bench.costs import verify_cost  # timing lives in bench/, not in the mechanisms
         limit = getattr(model.config, "max_position_embeddings", None) or prefix + max(rows)
         rows = [r for r in rows if r <= limit - 1] or [1]
         prefix = max(1, min(prefix, limit - max(rows)))
-        table = forward_cost(model, rows, prefix=prefix, repeats=repeats, warmup=2, lazy_head=True)
-        # more rows never cost less: a dip is timing noise, and a chooser would read it as free rows
-        ms = np.maximum.accumulate(table["median_ms"].to_numpy())
-        curve = _MEMO[digest] = cls(table["rows"].tolist(), ms.tolist(), key)
+        table = verify_cost(model, rows, prefix=prefix, repeats=repeats, warmup=2)
+        curve = _MEMO[digest] = cls(table["rows"].tolist(), table["median_ms"].tolist(), key)  # made monotone
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(dict(key=key, prefix=prefix, rows=curve.rows.tolist(), ms=curve.ms.tolist())))
@@ -205,74 +216,101 @@ class ChainBudget:
 class TreeBudget:
     """A ladder of tree-size candidates with counterfactual yields (see the module doc).
 
-    A candidate's yield estimate is its decayed mean shrunk (one pseudo-step) toward the best mean of the
-    smaller candidates (a bigger budget mostly yields at least as much); the verified candidate is the best
-    estimated speed, except every `probe_every` steps: then the larger candidate with the best optimistic speed
-    (mean + explore / sqrt(1 + weight): seldom or long-ago seen candidates come back, discounted-UCB-like)."""
+    Each step the proposer regrows, besides the verified tree, the trees of the `window` next smaller and the
+    `above` next larger candidates and reports what each would have yielded (`tree_yield`): exact for the
+    smaller ones, and for a larger one exact too unless it holds the whole emitted path, bonus token included
+    (then its yield is at least one more: a lower bound is recorded). Every `probe_every` steps the next larger
+    candidate is verified instead (a probe), which replaces those lower bounds with exact yields.
 
-    def __init__(self, curve: CostCurve, candidates: Sequence[int], probe_every: int = 8, window: int = 2,
-                 decay: float = 0.95, explore: float = 1.0, draft_ms: Callable[[int], float] | None = None):
+    Yields swing with the text far more than between neighbouring budgets, so candidates are compared on the
+    same steps: a candidate's estimate is a ratio estimator, (decayed sum of its yields) / (decayed sum of the
+    verified tree's yields on those same steps) x the verified yield's running mean, shrunk by one pseudo-step
+    toward the ratio 1. The verified candidate is the best estimated speed, kept unless another beats it by
+    `margin` (hysteresis: switching on noise costs more than it gains). Before any data: the largest candidate
+    whose step costs at most `free` more than a one-row step (on a GPU, the largest; on the 2-core CPU, 16)."""
+
+    def __init__(self, curve: CostCurve, candidates: Sequence[int], probe_every: int = 16, window: int = 1,
+                 above: int = 1, decay: float = 0.97, free: float = 0.15, margin: float = 0.03,
+                 decide_every: int = 2, draft_ms: Callable[[int], float] | None = None):
         self.curve, self.candidates = curve, sorted(set(int(c) for c in candidates))
         if not self.candidates:
             raise ValueError("no candidate budgets")
-        self.probe_every, self.window, self.decay = check_int("probe_every", probe_every, 1), window, decay
-        self.explore = explore
+        self.probe_every, self.window, self.above = check_int("probe_every", probe_every, 1), window, above
+        self.decay, self.margin, self.decide_every = decay, margin, check_int("decide_every", decide_every, 1)
         self.draft_ms = draft_ms or (lambda b: 0.0)
         n = len(self.candidates)
-        self.weight, self.tokens, self.rows = np.zeros(n), np.zeros(n), np.zeros(n)
+        # decayed sums per candidate, plain lists: this runs between two forwards every step, where numpy's
+        # per-call overhead (about 100 us for these few small arrays, measured in the loop) is not negligible
+        self.weight, self.tokens, self.base, self.rows = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
+        self.verified_tokens = self.verified_weight = 0.0
+        self.default_rows = [b + 1.0 for b in self.candidates]  # root + the tree, before any data
+        self.draft = [float(self.draft_ms(b)) for b in self.candidates]
+        one_row = self.curve(1)
+        nearly_free = [i for i, r in enumerate(self.default_rows) if self.curve(r) <= (1 + free) * one_row]
+        self.current = nearly_free[-1] if nearly_free else 0
         self.steps = 0
 
-    def estimates(self) -> tuple[np.ndarray, np.ndarray]:
+    def estimates(self) -> tuple[list[float], list[float]]:
         """(tokens per step, ms per step) of each candidate."""
-        means, prior = [], 1.0
-        for i, b in enumerate(self.candidates):
-            mean = (self.tokens[i] + prior) / (self.weight[i] + 1.0)
-            means.append(mean)
-            if self.weight[i] > 0:
-                prior = max(prior, self.tokens[i] / self.weight[i])
-        rows = [self.rows[i] / self.weight[i] if self.weight[i] > 0 else b + 1 for i, b in enumerate(self.candidates)]
-        cost = np.array([self.draft_ms(b) + self.curve(r) for b, r in zip(self.candidates, rows)])
-        return np.array(means), cost
+        level = (self.verified_tokens + 1.0) / (self.verified_weight + 1.0)  # the verified yield's running mean
+        tokens = [level * (t + 1.0) / (b + 1.0) for t, b in zip(self.tokens, self.base)]  # ratio, same steps
+        seen = [i for i, w in enumerate(self.weight) if w > 0]
+        # an unseen candidate: its size + the rows the seen ones carried beyond theirs (Lookahead's window rows)
+        extra = sum(self.rows[i] / self.weight[i] - self.default_rows[i] for i in seen) / len(seen) if seen else 0.0
+        rows = [self.rows[i] / w if w > 0 else self.default_rows[i] + extra for i, w in enumerate(self.weight)]
+        return tokens, [d + self.curve(r) for d, r in zip(self.draft, rows)]
 
-    def speeds(self) -> np.ndarray:
+    def speeds(self) -> list[float]:
         """Estimated tokens per ms of each candidate."""
         tokens, cost = self.estimates()
-        return tokens / cost
+        return [t / c for t, c in zip(tokens, cost)]
 
     def best(self) -> int:
-        """Index of the best candidate (before any data: the largest, so the first step sees every rung)."""
-        return len(self.candidates) - 1 if not self.weight.any() else int(np.argmax(self.speeds()))
+        """Index of the candidate to verify: the current one unless another is `margin` faster by estimate
+        (looked at every `decide_every` steps: the estimates move slowly, and each look costs tens of us)."""
+        if self.verified_weight > 0 and self.steps % self.decide_every == 1 % self.decide_every:
+            speeds = self.speeds()
+            k = max(range(len(speeds)), key=speeds.__getitem__)
+            if speeds[k] > (1 + self.margin) * speeds[self.current]:
+                self.current = k
+        return self.current
 
     def choose(self) -> tuple[int, list[int]]:
-        """(budget to verify this step, smaller candidates whose trees to regrow for counterfactuals)."""
+        """(budget to verify this step, the other candidates whose trees to regrow for counterfactuals)."""
         self.steps += 1
         k = self.best()
         if self.steps % self.probe_every == 0 and k + 1 < len(self.candidates):
-            tokens, cost = self.estimates()
-            optimistic = (tokens + self.explore / np.sqrt(1.0 + self.weight)) / cost
-            k = k + 1 + int(np.argmax(optimistic[k + 1:]))  # a larger tree's yield is only seen by verifying it
-        return self.candidates[k], self.candidates[max(0, k - self.window):k]
+            k += 1  # a probe: a larger tree's yield is only seen exactly by verifying it
+        others = self.candidates[max(0, k - self.window):k] + self.candidates[k + 1:k + 1 + self.above]
+        return self.candidates[k], others
 
-    def record(self, results: dict[int, tuple[int, int]]) -> None:
-        """{candidate: (tokens it yields, its forward's rows)} for this step (decayed running sums)."""
-        self.weight *= self.decay
-        self.tokens *= self.decay
-        self.rows *= self.decay
+    def record(self, results: dict[int, tuple[int, int]], verified: int | None = None) -> None:
+        """{candidate: (tokens it yields (or a lower bound), its forward's rows)} for this step, `verified` the
+        candidate verified (default: the first key)."""
+        verified = next(iter(results)) if verified is None else verified
+        base, decay = results[verified][0], self.decay
+        for array in (self.weight, self.tokens, self.base, self.rows):
+            array[:] = [decay * x for x in array]
+        self.verified_tokens = decay * self.verified_tokens + base
+        self.verified_weight = decay * self.verified_weight + 1.0
         for b, (tokens, rows) in results.items():
             i = self.candidates.index(b)
             self.weight[i] += 1
             self.tokens[i] += tokens
+            self.base[i] += base
             self.rows[i] += rows
 
 
-def path_yield(tree, emitted: Sequence[int]) -> int:
-    """Tokens the step would have emitted with `tree`: the longest prefix of the emitted path (its drafts) that
-    is a path of the tree, + 1 (the target's own token after it). Exact for any tree whose drafts are a
-    function of the history: the target's tokens along the path do not depend on the tree."""
-    nodes, n = [-1], 0  # every node spelling the path so far (without merging, siblings may repeat a token)
-    for tok in emitted[:-1]:
+def tree_yield(tree, emitted: Sequence[int]) -> tuple[int, bool]:
+    """(tokens the step would have emitted with `tree`, whether that is only a lower bound).
+
+    The emitted path is fixed whatever the tree (the target's token at each position does not depend on it):
+    a tree that leaves the path at position j (its nodes there hold other tokens) yields j + 1, the target's
+    own token included. A tree that holds the whole path, the step's bonus token included, yields at least
+    len(emitted) + 1; how much more, only verifying it would show (censored)."""
+    nodes = [-1]  # every node spelling the path so far (without merging, siblings may repeat a token)
+    for n, tok in enumerate(emitted):
         nodes = [c for node in nodes for c in tree.children(node) if tree.tokens[c] == tok]
         if not nodes:
-            break
-        n += 1
-    return n + 1
+            return n + 1, False
+    return len(emitted) + 1, True

@@ -28,8 +28,9 @@ verify.RowLogits): on a CPU that is a sixth of the tiny target's work per row.
 Draft budget from this machine (issue 14, mechanisms/budget.py): tdl="auto" picks, each step, a TDL of the
 ladder TDL_LADDER (8 .. 96) that maximises expected tokens / t(1 + tree size), t the target's forward cost
 measured here once (cached per device + model + dtype; `costs=` injects one, a CostCurve or {rows: ms}). Each
-step also regrows the trees of the (up to 2) next smaller TDLs to learn, from the emitted path, what they would
-have yielded; every 8th step verifies a larger TDL (a probe, the best by an optimistic estimate). CRT, when not
+step also regrows the trees of the 2 next smaller TDLs and the next larger one (tens of microseconds each) to
+learn, from the emitted path, what they would have yielded; every 16th step verifies the next larger TDL (a
+probe). The first step uses the largest TDL whose forward is nearly free (TDL 16 on the 2-core CPU). CRT, when not
 given, scales with TDL as in the paper (round(TDL / 6): 16 at 96), but at least FL (a smaller reserve never
 grows a second level); with tdl="auto" a given crt is used for every TDL that admits it.
 
@@ -41,7 +42,7 @@ from __future__ import annotations
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
-from ..mechanisms.budget import TreeBudget, check_budget, is_auto, path_yield, resolve_curve
+from ..mechanisms.budget import TreeBudget, check_budget, is_auto, resolve_curve, tree_yield
 from ..mechanisms.draft_tree import grow_tree
 from ..mechanisms.ngram_table import NgramTable
 from ..tools.frozen_tables import resolve_frozen
@@ -135,7 +136,7 @@ class Cacheback(Proposer):
             results = {verdict.proposal.info["tdl"]: (len(emitted), len(tree) + 1)}
             for tdl in self.others:
                 other = self._grow(self.context, tdl, self.crts[tdl])
-                results[tdl] = (path_yield(other, emitted), len(other) + 1)
+                results[tdl] = (tree_yield(other, emitted)[0], len(other) + 1)  # a lower bound if censored
             self.chooser.record(results)
         if self.dynamic is not None:  # the windows completed by the new tokens (§3.2, Figure 2)
             n_new = len(verdict.emitted)

@@ -32,8 +32,8 @@ Choices and simplifications (say them when comparing with the paper):
 - newest n-gram first, G per key, a repeated n-gram moves to the front (the reference keeps it LRU at the back);
 - guesses="auto" (issue 14, mechanisms/budget.py): the pool keeps 14 n-grams per key and each step proposes the
   first g of them, g from GUESS_LADDER maximising expected tokens / t(1 + guess nodes + window rows) with t the
-  target's cost curve measured here (cached; `costs=` injects one); the trees of the next smaller g's are rebuilt
-  to learn their yields from the emitted path, and every 8th step probes a larger g. W and N stay fixed (the
+  target's cost curve measured here (cached; `costs=` injects one); the trees of the neighbouring g's are rebuilt
+  to learn their yields from the emitted path, and every 16th step probes the next larger g. W and N stay fixed (the
   window's shape is its state);
 - the reference's EOS filter of the window (replace EOS by prompt tokens) is not done: an EOS in the window is
   only a guess here; batch size 1.
@@ -46,7 +46,7 @@ import torch
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, SideRows, register_proposer
-from ..mechanisms.budget import TreeBudget, check_budget, is_auto, path_yield, resolve_curve
+from ..mechanisms.budget import TreeBudget, check_budget, is_auto, resolve_curve, tree_yield
 from ..mechanisms.draft_tree import ROOT, DraftTree
 
 GUESS_LADDER = (0, 1, 2, 3, 4, 5, 7, 10, 14)  # guesses="auto" picks among these (the pool keeps the largest)
@@ -158,7 +158,7 @@ class Lookahead(Proposer):
             results = {proposal.info["g"]: (len(emitted), 1 + len(proposal.tree) + window)}
             for g in self.others:
                 tree = self._guess_tree(proposal.tree.root, g)
-                results[g] = (path_yield(tree, emitted), 1 + len(tree) + window)
+                results[g] = (tree_yield(tree, emitted)[0], 1 + len(tree) + window)
             self.chooser.record(results)
         levels, cols = len(self.levels), len(self.levels[0])
         # side_logits (cols, V): the last level's rows (logits_rows); argmax even when sampling: the window only
