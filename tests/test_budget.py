@@ -161,10 +161,16 @@ def test_bad_settings():
                  adaptive=True)
     with pytest.raises(ValueError, match="crt"):
         generate("cacheback", random_lm(), repeating_prompt(12, 0), 4, tdl="auto", crt=200)
+    with pytest.raises(ValueError, match="costs"):
+        generate("fafo", random_lm(), repeating_prompt(12, 0), 4, candidates=3, costs={1: 1.0})
+    with pytest.raises(TypeError, match="auto"):
+        generate("card", random_lm(), repeating_prompt(12, 0), 4, draft=random_lm(seed=1), query="long")
+    with pytest.raises(ValueError, match="costs"):
+        generate("card", random_lm(), repeating_prompt(12, 0), 4, draft=random_lm(seed=1), costs={1: 1.0})
 
 
 AUTO = {"cacheback": dict(tdl="auto"), "prompt_lookup": dict(num_tokens="auto"), "draft_model": dict(gamma="auto"),
-        "lookahead": dict(guesses="auto")}
+        "lookahead": dict(guesses="auto"), "fafo": dict(candidates="auto"), "card": dict(query="auto")}
 
 
 def _auto(method, curve):
@@ -176,7 +182,7 @@ def _auto(method, curve):
 
 def _budgets(result, method):
     return result.stats[{"cacheback": "tdls", "prompt_lookup": "lengths", "draft_model": "gammas",
-                         "lookahead": "guesses_chosen"}[method]]
+                         "lookahead": "guesses_chosen", "fafo": "find_out_chosen", "card": "queries"}[method]]
 
 
 @pytest.mark.parametrize("method", sorted(AUTO))
@@ -196,7 +202,7 @@ def test_auto_is_lossless_and_deterministic(tiny_pair64, tiny_pair, method):
     assert steep.mean() < flat.mean(), means  # expensive rows: smaller budgets (on average: probes explore)
 
 
-@pytest.mark.parametrize("method", ["cacheback", "prompt_lookup", "lookahead"])
+@pytest.mark.parametrize("method", ["cacheback", "prompt_lookup", "lookahead", "fafo"])
 def test_auto_sampling_matches_autoregressive(method):
     """Deterministic drafts + one seeded draw per emitted token: the tokens are autoregressive's, whatever
     budget the chooser picks."""
@@ -213,3 +219,17 @@ def test_draft_model_auto_sampling_is_seeded():
     runs = [generate("draft_model", target, ids, 24, draft=draft, temperature=0.8, seed=11,
                      **_auto("draft_model", FLAT)) for _ in range(2)]
     assert runs[0].new_tokens == runs[1].new_tokens and len(runs[0].new_tokens) == 24
+
+
+def test_budget_figure_draws_the_chosen_budgets():
+    from specdec_lib import viz
+
+    target = random_lm(seed=5, logit_scale=20.0)
+    ids = repeating_prompt(30, 5, target.config.vocab_size)
+    result = generate("cacheback", target, ids, 24, **_auto("cacheback", STEEP))
+    fig = viz.budget_figure(result)
+    bars, line = fig.data
+    assert list(bars.y) == [s["emitted"] for s in result.stats["steps"]]
+    assert list(line.y) == result.stats["tdls"] and line.name == "tdl chosen"
+    with pytest.raises(ValueError, match="auto"):
+        viz.budget_figure(generate("cacheback", target, ids, 8, tdl=8))

@@ -138,7 +138,7 @@ def measured_agreement(target, draft, input_ids) -> float:
 
 
 def verify_cost(model, rows=DEFAULT_ROWS, prefix: int = 256, repeats: int = 7, warmup: int = 2,
-                seed: int = 0) -> pd.DataFrame:
+                name: str | None = None, seed: int = 0) -> pd.DataFrame:
     """Median ms of one step of the decoding loop with R rows: `verify` of a tree of R - 1 random draft nodes
     (branches of 4 from the root, like a small Cacheback tree) after a cached prefix, and `commit` (nothing
     accepted: random drafts). Same columns as `forward_cost`."""
@@ -173,7 +173,7 @@ def verify_cost(model, rows=DEFAULT_ROWS, prefix: int = 256, repeats: int = 7, w
                 if i >= warmup:
                     times.append((time.perf_counter() - start) * 1000)
                 rollback(cache, prefix)
-            records.append(dict(model=type(model).__name__, device=str(device), prefix=prefix, rows=r,
+            records.append(dict(model=name or type(model).__name__, device=str(device), prefix=prefix, rows=r,
                                 median_ms=statistics.median(times), min_ms=min(times)))
     df = pd.DataFrame(records)
     df["ms_per_token"] = df["median_ms"] / df["rows"]

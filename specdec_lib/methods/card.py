@@ -38,8 +38,15 @@ the target descends from the node that spells the committed text (`anchor`), and
 left the tree (a miss) it has nothing to verify but its own next token until the drafter, at max_depth with
 nothing left to draft, restarts from the committed text.
 
+Draft budget (issue 14): `query` caps the chain the target verifies per step (None: max_depth - 1, as above);
+`query="auto"` picks it each step like draft_model's gamma="auto" (mechanisms/budget.ChainBudget: per-depth
+acceptance against this machine's cost curve; drafting counts as free, since the drafter works whether or not
+the target reads its deeper layers, and a shorter query keeps them: a fully accepted chain's bonus still hits the
+tree). The width K stays fixed: it shapes the layers the drafter has already grown when the target's verdict
+arrives, and the hit rate a different K would have had cannot be read off the step (its tree would differ).
+
 Per-step info: card_nodes (tree size at the query), card_layers (layers since the previous query), hit (in
-process mode as the parent's copy of the tree says).
+process mode as the parent's copy of the tree says), query (with query="auto": the chosen cap).
 stats(): hit rate, draft layers, config, and in thread and process modes the busy intervals (perf_counter
 start/end of each draft forward and of each target step = propose's return to observe's call) for a Gantt /
 overlap figure (bench/timeline.py); thread mode also counts the layers discarded by a correction.
@@ -58,6 +65,7 @@ import torch
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
+from ..mechanisms.budget import ChainBudget, check_budget, is_auto, resolve_curve
 from ..mechanisms.card_process import DrafterProcess
 from ..mechanisms.card_tree import CardTree
 from ..mechanisms.draft_tree import ROOT, DraftTree
@@ -72,8 +80,12 @@ class Card(Proposer):
     """CARD (query-and-correct): a width-K draft tree grown in parallel, one chain verified per step."""
 
     def __init__(self, width: int = 8, ratio: int = 2, mode: str = "sync", max_depth: int = 12,
-                 correction: bool = True):
+                 correction: bool = True, query: int | str | None = None, costs=None):
         self.width = check_int("width", width, 1)
+        self.query = None if query is None else check_budget("query", query, 1)
+        if costs is not None and not is_auto(query):
+            raise ValueError("costs= is read only with query='auto'")
+        self.costs = costs
         self.ratio = check_int("ratio", ratio, 1)
         self.max_depth = check_int("max_depth", max_depth, 1)
         if mode not in MODES:
@@ -97,6 +109,9 @@ class Card(Proposer):
         self._t_query = None
         self.error, self.reported = None, False
         self.anchor = ROOT  # where queries start: the node spelling committed[-1] (None: the text left the tree)
+        self.chooser, self.queries = None, []
+        if is_auto(self.query):  # the target's curve, read (or measured once) before the drafter starts
+            self.chooser = ChainBudget(resolve_curve(self.costs, req.target), max_len=max(1, self.max_depth - 1))
         if self.mode == "process":
             self.threads = torch.get_num_threads()
             self.drafter = DrafterProcess(req.draft, self.width, state.committed, self.max_depth,
@@ -229,11 +244,18 @@ class Card(Proposer):
         # at most max_depth - 1 deep: the drafter's deepest layer then still holds the children of the chain's
         # last node, so a fully accepted chain's bonus token can be a hit (at max_depth the drafter idles)
         limit = min(budget, max(1, self.max_depth - 1))
+        info = {}
+        if self.chooser is not None and limit > 0:
+            limit = self.chooser.choose(limit)
+            self.queries.append(limit)
+            info["query"] = limit
+        elif isinstance(self.query, int):
+            limit = min(limit, self.query)
         if not self.correction and self.anchor is None:  # a stale tree: nothing to query
             chain, q = [], None
         else:
             chain, q = self.tree.query(limit, self.sampling, self.generator, start=self.anchor)
-        info = dict(card_nodes=len(self.tree), card_layers=self.since_query, hit=None)
+        info.update(card_nodes=len(self.tree), card_layers=self.since_query, hit=None)
         self.since_query = 0
         self._t_query = time.perf_counter()
         return Proposal(DraftTree.chain(state.committed[-1], chain), q=q, info=info)
@@ -253,6 +275,8 @@ class Card(Proposer):
                 self.pending, self.epoch = list(state.committed), self.epoch + 1
                 self.cond.notify_all()
         verdict.proposal.info["hit"] = hit
+        if self.chooser is not None and len(verdict.proposal.tree):
+            self.chooser.record(len(verdict.proposal.tree), len(verdict.accepted))
         self.hits += hit
         self.misses += not hit
 
@@ -268,7 +292,7 @@ class Card(Proposer):
     def stats(self) -> dict:
         self._close_drafter()  # process mode: generation is over; collect the child's last reports
         out = dict(card_width=self.width, card_ratio=self.ratio, card_mode=self.mode, card_max_depth=self.max_depth,
-                   card_correction=self.correction,
+                   card_correction=self.correction, card_query=self.query,
                    draft_layers=self.tree.layers if self.mode != "process" else self.draft_layers,
                    hits=self.hits, misses=self.misses,
                    hit_rate=self.hits / (self.hits + self.misses) if self.hits + self.misses else float("nan"))
@@ -276,4 +300,6 @@ class Card(Proposer):
             out.update(draft_busy=list(self.draft_busy), target_busy=list(self.target_busy))
         if self.mode == "thread":
             out.update(discarded_layers=self.discarded)
+        if self.chooser is not None:
+            out.update(queries=list(self.queries))
         return out

@@ -24,6 +24,13 @@ What the paper leaves open, and what we chose:
 - retrieval counts as use for the LRU order; a subsequence cached under several prefixes is one candidate;
 - the stream's next token is the argmax of its last row also when the loop samples (it is only a guess).
 
+Draft budget (issue 14): `candidates` caps the find-out candidates verified per step (None: `streams`, the
+paper's n); `candidates="auto"` picks the cap each step from CANDIDATE_LADDER (up to n) as Lookahead's
+guesses="auto" does (mechanisms/budget.TreeBudget: the tree of the neighbouring caps is rebuilt from the same
+retrieved candidates, a subset, and its yield read off the emitted path; `costs=` injects the cost curve). The
+number of streams stays fixed: a stream pays now (k fumble rows) for candidates it caches for LATER steps, so
+what another stream count would have yielded cannot be read off one step, and n fixes the fumble rows' layout.
+
 `fused=False` is the paper's "FAFO-2forward" ablation (Table 1): the fumble rows run in a forward of their own
 before the verifying forward (the proposer holds the store it made for this; the fused method never touches it).
 
@@ -38,10 +45,14 @@ from collections import OrderedDict
 import torch
 
 from ..checks import check_int
+from ..mechanisms.budget import TreeBudget, check_budget, is_auto, resolve_curve, tree_yield
 from ..loop import LoopState, Proposal, Proposer, SideRows, register_proposer
 from ..mechanisms import flex_layout, verify
 from ..mechanisms.compression import Compression, Quest, StreamingLLM
 from ..mechanisms.draft_tree import ROOT, DraftTree
+
+
+CANDIDATE_LADDER = (0, 1, 2, 3, 4, 6, 8, 10, 12, 16)  # candidates="auto" picks among these (those <= streams)
 
 
 class FumblePool:
@@ -88,8 +99,12 @@ class Fafo(Proposer):
 
     def __init__(self, streams: int = 10, guess_len: int = 6, compression="streaming", budget: int = 128,
                  sinks: int = 4, page: int = 16, block: int = flex_layout.BLOCK, attention: str = "auto",
-                 fused: bool = True, seed: int = 0):
+                 fused: bool = True, seed: int = 0, candidates: int | str | None = None, costs=None):
         check_int("streams", streams, 1)
+        self.cap = streams if candidates is None else check_budget("candidates", candidates, 0)
+        if costs is not None and not is_auto(candidates):
+            raise ValueError("costs= is read only with candidates='auto'")
+        self.costs = costs
         check_int("guess_len", guess_len, 1)
         check_int("budget", budget, 1)
         check_int("block", block, 1)
@@ -128,6 +143,10 @@ class Fafo(Proposer):
         self.pool = FumblePool(self.n)
         self.found = self.proposed = self.fumble_forwards = 0
         self._previous = None
+        self.chooser, self.chosen = None, []
+        if is_auto(self.cap):
+            ladder = sorted({c for c in CANDIDATE_LADDER if c < self.n} | {self.n})
+            self.chooser = TreeBudget(resolve_curve(self.costs, state.request.target), ladder)
 
     def target_cache(self, state: LoopState):
         req = state.request
@@ -142,15 +161,27 @@ class Fafo(Proposer):
         if self._previous is not None:
             state.request.target.set_attn_implementation(self._previous)
 
-    def propose(self, state: LoopState, budget: int) -> Proposal:
-        candidates = self.pool.lookup(state.committed, self.n, self.k) if budget > 0 else []
-        tree = DraftTree(state.committed[-1])
+    def _candidate_tree(self, root: int, candidates, budget: int) -> DraftTree:
+        tree = DraftTree(root)
         for _, sub in candidates:
             tree.add_chain(ROOT, sub[:budget], merge=True)
+        return tree
+
+    def propose(self, state: LoopState, budget: int) -> Proposal:
+        candidates = self.pool.lookup(state.committed, self.n, self.k) if budget > 0 else []
+        extra = {}
+        if self.chooser is not None and candidates:  # none found: nothing to choose (or learn)
+            cap, self.others = self.chooser.choose()
+            self.chosen.append(cap)
+            self.found_candidates, self.budget, extra = candidates, budget, dict(find_out=cap)
+            candidates = candidates[:cap]
+        elif not is_auto(self.cap):
+            candidates = candidates[:self.cap]
+        tree = self._candidate_tree(state.committed[-1], candidates, budget)
         self.proposed += bool(candidates)
         tokens = [self.streams[i][j] for j in range(self.k) for i in range(self.n)]  # column-wise
         info = dict(candidates=len(candidates), prefix_len=max((m for m, _ in candidates), default=0),
-                    pool=len(self.pool))
+                    pool=len(self.pool), **extra)
         if not self.fused:
             self.predicted = self._fumble_pass(state, tokens)
             return Proposal(tree, info=info)
@@ -172,6 +203,14 @@ class Fafo(Proposer):
 
     def observe(self, state: LoopState, verdict) -> None:
         self.found += bool(verdict.accepted)
+        proposal = verdict.proposal
+        if self.chooser is not None and "find_out" in proposal.info:  # the fumble rows are paid whatever the cap
+            fumble, emitted, root = self.n * self.k, verdict.emitted, proposal.tree.root
+            results = {proposal.info["find_out"]: (len(emitted), 1 + len(proposal.tree) + fumble)}
+            for cap in self.others:
+                tree = self._candidate_tree(root, self.found_candidates[:cap], self.budget)
+                results[cap] = (tree_yield(tree, emitted)[0], 1 + len(tree) + fumble)  # a lower bound if censored
+            self.chooser.record(results)
         if self.fused:
             predicted = verdict.side_logits.argmax(-1).tolist()  # (n,): each stream's next token
         else:
@@ -184,7 +223,8 @@ class Fafo(Proposer):
             self.pool.add(self.discarded[i], tuple(self.streams[i]))
 
     def stats(self) -> dict:
+        extra = {} if self.chooser is None else dict(find_out_chosen=list(self.chosen))
         return dict(config=dict(streams=self.n, guess_len=self.k, compression=repr(self.compression),
-                                block=self.block, fused=self.fused),
+                                block=self.block, fused=self.fused, candidates=self.cap), **extra,
                     pool_size=len(self.pool), steps_with_candidates=self.proposed,
                     steps_with_accepted_candidates=self.found, fumble_forwards=self.fumble_forwards)

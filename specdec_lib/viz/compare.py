@@ -10,6 +10,7 @@ speedup?" from the per-step records.
   faster than autoregressive only when the whole bar is shorter than autoregressive's verify bar.
 - `step_costs_figure(result)`: one run step by step: tokens emitted per step (bars) with draft and verify ms (lines).
 - `why_explorer(results)`: pick a run, see its steps and its cost per token against the others.
+- `budget_figure(result)`: an `"auto"` budget step by step: the budget chosen (line) over the tokens emitted (bars).
 """
 from __future__ import annotations
 
@@ -87,6 +88,29 @@ def step_costs_figure(result, title: str | None = None) -> go.Figure:
     fig.update_layout(title=title or "Step by step", height=380, width=900, xaxis_title="step")
     fig.update_yaxes(title_text="tokens", secondary_y=False)
     fig.update_yaxes(title_text="ms", secondary_y=True, rangemode="tozero")
+    return fig
+
+
+BUDGET_KEYS = ("tdl", "g", "gamma", "find_out", "query")  # cacheback, lookahead, draft_model, fafo, card
+
+
+def budget_figure(result, title: str | None = None) -> go.Figure:
+    """Tokens emitted per step (bars) and the draft budget the `"auto"` chooser picked for it (line, right axis)."""
+    steps = step_records(result)
+    key = next((k for k in BUDGET_KEYS if any(k in s for s in steps)), None)
+    if key is None:
+        raise ValueError(f"no step records a budget ({', '.join(BUDGET_KEYS)}): run a method with an \"auto\" budget")
+    x = list(range(len(steps)))
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(go.Bar(x=x, y=[s["emitted"] for s in steps], name="tokens emitted", marker_color=ACCEPTED,
+                         opacity=0.6))
+    fig.add_trace(go.Scatter(x=x, y=[s.get(key) for s in steps], name=f"{key} chosen", mode="lines+markers",
+                             line=dict(color=PARTS[1][3], shape="hv")), secondary_y=True)
+    fig.update_layout(title=title or f"Budget chosen step by step ({key})", height=360, width=900,
+                      xaxis_title="step")
+    fig.update_yaxes(title_text="tokens", secondary_y=False)
+    chosen = sorted({s[key] for s in steps if key in s})
+    fig.update_yaxes(title_text=key, secondary_y=True, rangemode="tozero", tickvals=chosen)  # the rungs used
     return fig
 
 
