@@ -7,19 +7,20 @@ pick the budget, step by step, that maximises the expected throughput
 
     budget* = argmax_b  E[tokens per step | b] / (draft_ms(b) + t(rows(b)))
 
-with t the target's forward cost measured on this device (`CostCurve`) and E[tokens] from the method's own
-running acceptance statistics. The choice depends only on the history (committed tokens and verdicts) and
+with t what one step of the decoding loop costs on this device for that many rows (`CostCurve`, timed on the
+loop's own verify + commit: tree mask and masked attention included, which a bare forward leaves out) and
+E[tokens] from the method's own running acceptance statistics. The choice depends only on the history (committed tokens and verdicts) and
 on the curve, never on the random stream: the budget changes what is drafted, never what is emitted
 (lossless), and a test that injects a curve (`CostCurve.from_points`) gets the same choices every time.
 
 Two estimators of E[tokens | b]:
-- `ChainBudget` (a chain of g drafts: draft model, prompt lookup): P(accept depth d | depth d reached) per
+- `ChainBudget` (a chain of g drafts: draft model, prompt lookup, CARD's query): P(accept depth d | depth d reached) per
   depth, counted online and shrunk toward the pooled rate (depths never tried get the pooled rate), so
       E[tokens | g] = 1 + sum_{d=1..g} prod_{j<=d} a_j        (Leviathan's formula without the i.i.d. a);
   a verified chain of g shows exactly what any shorter chain would have yielded; deeper depths are explored
   by optimism (a bonus on a_d shrinking as 1 / sqrt(times depth d was reached), UCB-like, no coin).
-- `TreeBudget` (a tree grown to a size budget: Cacheback's TDL, Lookahead's guesses): a ladder of
-  candidates, each with running (decayed) means of the tokens it yields and its tree's rows. A step's verdict
+- `TreeBudget` (a tree grown to a size budget: Cacheback's TDL, Lookahead's guesses, FAFO's find-out
+  candidates): a ladder of candidates, compared on the same steps (a ratio estimator). A step's verdict
   tells, for every tree the proposer regrows for a neighbouring candidate, what that tree would have yielded
   (`tree_yield`: the emitted path is fixed, so a tree that leaves it at position j yields j + 1), exactly, or
   as a lower bound when a larger tree holds the whole path; every `probe_every` steps the next larger candidate
