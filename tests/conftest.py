@@ -96,3 +96,17 @@ def smoke_workbook(tmp_path_factory):
         mp.setenv("JUPYTER_DATA_DIR", str(jupyter_data))
         runs = run_notebooks.run_all(out, smoke=True, timeout=300, log=lambda *a, **k: None)
     return {"out": out, "runs": {run.name: run for run in runs}, "jupyter_data": jupyter_data}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _project_cache_in_a_temp_folder(tmp_path_factory):
+    """Cost curves and frozen tables the tests measure or build go to a folder of this test session, not to the
+    user's ~/.cache/specdec_lib (a curve timed on a loaded machine would otherwise steer their auto budgets)."""
+    import os
+
+    if "SPECDEC_CACHE" in os.environ:  # the caller chose one
+        yield
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECDEC_CACHE", str(tmp_path_factory.mktemp("specdec_cache")))
+        yield

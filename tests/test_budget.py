@@ -114,6 +114,18 @@ def test_tree_budget_compares_candidates_on_the_same_steps():
     assert tokens[0] < tokens[1]
 
 
+def test_tree_budget_learns_how_far_past_a_censored_bound_a_larger_tree_goes():
+    chooser = B.TreeBudget(FLAT, [4, 16, 64])
+    for _ in range(50):  # verified 16 went 3 tokens further than 4 would have: 2 past 4's censored bound (2 + 1)
+        chooser.record({16: (5, 17), 4: (2, 5)}, verified=16)
+    assert chooser.extra_sum / chooser.extra_weight == pytest.approx(2.0)
+    before = chooser.tokens[2]
+    chooser.record({16: (2, 17), 64: (3, 65, True)}, verified=16)  # 64 holds the whole path: at least 3
+    added = chooser.tokens[2] - before * chooser.decay
+    assert added == pytest.approx(3 + (chooser.extra_sum + 0.5) / (chooser.extra_weight + 1.0))
+    assert 4.9 < added < 5.0  # the bound + about 2 learnt tokens, not the bound alone
+
+
 def test_tree_budget_switches_only_past_the_margin():
     curve = B.CostCurve.from_points({1: 10.0, 128: 10.0})
     chooser = B.TreeBudget(curve, [4, 16], margin=0.10, decide_every=1)

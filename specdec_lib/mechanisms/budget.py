@@ -220,8 +220,8 @@ class TreeBudget:
     Each step the proposer regrows, besides the verified tree, the trees of the `window` next smaller and the
     `above` next larger candidates and reports what each would have yielded (`tree_yield`): exact for the
     smaller ones, and for a larger one exact too unless it holds the whole emitted path, bonus token included
-    (then its yield is at least one more: a lower bound is recorded). Every `probe_every` steps the next larger
-    candidate is verified instead (a probe), which replaces those lower bounds with exact yields.
+    (then its yield is at least one more: the bound + a learnt mean extra is recorded, see `record`). Every
+    `probe_every` steps the next larger candidate is verified instead (a probe).
 
     Yields swing with the text far more than between neighbouring budgets, so candidates are compared on the
     same steps: a candidate's estimate is a ratio estimator, (decayed sum of its yields) / (decayed sum of the
@@ -244,6 +244,7 @@ class TreeBudget:
         # per-call overhead (about 100 us for these few small arrays, measured in the loop) is not negligible
         self.weight, self.tokens, self.base, self.rows = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
         self.verified_tokens = self.verified_weight = 0.0
+        self.extra_sum = self.extra_weight = 0.0  # tokens a larger tree yields past a censored bound (record)
         self.default_rows = [b + 1.0 for b in self.candidates]  # root + the tree, before any data
         self.draft = [float(self.draft_ms(b)) for b in self.candidates]
         one_row = self.curve(1)
@@ -285,19 +286,29 @@ class TreeBudget:
         others = self.candidates[max(0, k - self.window):k] + self.candidates[k + 1:k + 1 + self.above]
         return self.candidates[k], others
 
-    def record(self, results: dict[int, tuple[int, int]], verified: int | None = None) -> None:
-        """{candidate: (tokens it yields (or a lower bound), its forward's rows)} for this step, `verified` the
-        candidate verified (default: the first key)."""
+    def record(self, results: dict, verified: int | None = None) -> None:
+        """{candidate: (tokens it yields, its forward's rows[, censored])} for this step, `verified` the candidate
+        verified (default: the first key). A censored count is a lower bound (`tree_yield`): it is recorded as
+        the bound + the mean extra a larger tree was seen to yield past it. That extra is learnt on every step
+        whose verified tree went further than the next smaller one: had the smaller one been verified, the
+        verified one would have been censored at (smaller's yield + 1), and its true yield is known."""
         verified = next(iter(results)) if verified is None else verified
         base, decay = results[verified][0], self.decay
+        v = self.candidates.index(verified)
+        if v > 0 and self.candidates[v - 1] in results:
+            smaller = results[self.candidates[v - 1]][0]
+            if base > smaller:  # a censoring seen uncensored: how far past the bound it went
+                self.extra_sum = decay * self.extra_sum + (base - smaller - 1)
+                self.extra_weight = decay * self.extra_weight + 1.0
+        extra = (self.extra_sum + 0.5) / (self.extra_weight + 1.0)  # prior: half a token past the bound
         for array in (self.weight, self.tokens, self.base, self.rows):
             array[:] = [decay * x for x in array]
         self.verified_tokens = decay * self.verified_tokens + base
         self.verified_weight = decay * self.verified_weight + 1.0
-        for b, (tokens, rows) in results.items():
+        for b, (tokens, rows, *censored) in results.items():
             i = self.candidates.index(b)
             self.weight[i] += 1
-            self.tokens[i] += tokens
+            self.tokens[i] += tokens + (extra if censored and censored[0] else 0.0)
             self.base[i] += base
             self.rows[i] += rows
 

@@ -136,7 +136,8 @@ class Cacheback(Proposer):
             results = {verdict.proposal.info["tdl"]: (len(emitted), len(tree) + 1)}
             for tdl in self.others:
                 other = self._grow(self.context, tdl, self.crts[tdl])
-                results[tdl] = (tree_yield(other, emitted)[0], len(other) + 1)  # a lower bound if censored
+                tokens, censored = tree_yield(other, emitted)
+                results[tdl] = (tokens, len(other) + 1, censored)
             self.chooser.record(results)
         if self.dynamic is not None:  # the windows completed by the new tokens (§3.2, Figure 2)
             n_new = len(verdict.emitted)

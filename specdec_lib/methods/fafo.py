@@ -209,7 +209,8 @@ class Fafo(Proposer):
             results = {proposal.info["find_out"]: (len(emitted), 1 + len(proposal.tree) + fumble)}
             for cap in self.others:
                 tree = self._candidate_tree(root, self.found_candidates[:cap], self.budget)
-                results[cap] = (tree_yield(tree, emitted)[0], 1 + len(tree) + fumble)  # a lower bound if censored
+                tokens, censored = tree_yield(tree, emitted)
+                results[cap] = (tokens, 1 + len(tree) + fumble, censored)
             self.chooser.record(results)
         if self.fused:
             predicted = verdict.side_logits.argmax(-1).tolist()  # (n,): each stream's next token

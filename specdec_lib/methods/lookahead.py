@@ -158,7 +158,8 @@ class Lookahead(Proposer):
             results = {proposal.info["g"]: (len(emitted), 1 + len(proposal.tree) + window)}
             for g in self.others:
                 tree = self._guess_tree(proposal.tree.root, g)
-                results[g] = (tree_yield(tree, emitted)[0], 1 + len(tree) + window)
+                tokens, censored = tree_yield(tree, emitted)
+                results[g] = (tokens, 1 + len(tree) + window, censored)
             self.chooser.record(results)
         levels, cols = len(self.levels), len(self.levels[0])
         # side_logits (cols, V): the last level's rows (logits_rows); argmax even when sampling: the window only
