@@ -65,6 +65,18 @@ def test_forward_cost_on_tiny_target(tiny_pair):
         costs.forward_cost(tiny_pair.target, rows=(64,), prefix=1000)  # past the 1024-token context
 
 
+def test_verify_cost_times_a_loop_step(tiny_pair):
+    # verify() refuses a cache that holds anything but the prefix, so each repeat also checks the rollback
+    df = costs.verify_cost(tiny_pair.target, rows=(16, 1), prefix=16, repeats=2, warmup=1, name="step")
+    assert df["rows"].tolist() == [1, 16] and (df["model"] == "step").all()
+    assert (df["median_ms"] > 0).all() and (df["min_ms"] <= df["median_ms"]).all()
+    assert df["relative"].iloc[0] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="context"):
+        costs.verify_cost(tiny_pair.target, rows=(64,), prefix=1000)
+    with pytest.raises(ValueError, match="repeats"):
+        costs.verify_cost(tiny_pair.target, rows=(1,), repeats=0)
+
+
 def test_measured_agreement(tiny_pair):
     ids = tiny_pair.encode("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n")
     assert costs.measured_agreement(tiny_pair.target, tiny_pair.target, ids) == 1.0

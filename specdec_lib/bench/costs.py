@@ -37,16 +37,11 @@ from ..models import synchronize, vocab_size
 DEFAULT_ROWS = (1, 2, 4, 8, 16, 32, 64)  # query rows per timed forward (q is the draft distribution only)
 
 
-def forward_cost(model, rows=DEFAULT_ROWS, prefix: int = 256, repeats: int = 15, warmup: int = 3,
-                 name: str | None = None, seed: int = 0, lazy_head: bool = False) -> pd.DataFrame:
-    """Median ms of one forward with R query rows (tokens) over a cached prefix of `prefix` tokens.
-
-    The cache is prefilled once; after every timed forward it is rolled back to `prefix` tokens, so each
-    measurement sees the same state. Returns one line per R: model, device, prefix, rows, median_ms, min_ms,
-    ms_per_token (median_ms / rows), relative (median_ms / median_ms at the fewest rows).
-    lazy_head=True times what the loop's verifying forward does (verify.RowLogits): the body on R rows and the
-    LM head on the last row only (the walk reads 1 + accepted rows); models without a plain head run whole.
-    """
+def _time_steps(model, rows, prefix: int, repeats: int, warmup: int, name: str | None, seed: int,
+                make_step) -> pd.DataFrame:
+    """The timing both curves share: random ids, a prefix prefilled once, then for each R the median of
+    `repeats` calls of make_step(cache, ids, R)() after `warmup`, the cache rolled back to the prefix after
+    every call. ids: (1, prefix + max R) random token ids."""
     rows = sorted(int(r) for r in rows)
     if not rows or rows[0] < 1:
         raise ValueError(f"rows must be positive ints, got {rows}")
@@ -56,26 +51,20 @@ def forward_cost(model, rows=DEFAULT_ROWS, prefix: int = 256, repeats: int = 15,
     if limit is not None and prefix + rows[-1] > limit:
         raise ValueError(f"prefix {prefix} + {rows[-1]} rows exceeds the model's context of {limit}")
     device = next(model.parameters()).device
-    vocab = vocab_size(model)
     generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, vocab, (1, prefix + rows[-1]), generator=generator).to(device)  # (1, P + Rmax)
+    ids = torch.randint(1, vocab_size(model), (1, prefix + rows[-1]), generator=generator)
+    ids = ids.to(device)  # (1, P + Rmax)
     records = []
-    from ..mechanisms.verify import lazy_head_ok
-    lazy = lazy_head and lazy_head_ok(model)
-    head = model.get_output_embeddings()
     with torch.inference_mode():
         cache = new_cache(model)
         model(input_ids=ids[:, :prefix], past_key_values=cache, use_cache=True)
         for r in rows:
-            step = ids[:, prefix: prefix + r]  # (1, R)
+            step = make_step(cache, ids, r)
             times = []
             for i in range(warmup + repeats):
                 synchronize(device)
                 start = time.perf_counter()
-                if lazy:
-                    head(model.model(input_ids=step, past_key_values=cache, use_cache=True).last_hidden_state[0, -1])
-                else:
-                    model(input_ids=step, past_key_values=cache, use_cache=True)
+                step()
                 synchronize(device)
                 if i >= warmup:
                     times.append((time.perf_counter() - start) * 1000)
@@ -86,6 +75,29 @@ def forward_cost(model, rows=DEFAULT_ROWS, prefix: int = 256, repeats: int = 15,
     df["ms_per_token"] = df["median_ms"] / df["rows"]
     df["relative"] = df["median_ms"] / df["median_ms"].iloc[0]
     return df
+
+
+def forward_cost(model, rows=DEFAULT_ROWS, prefix: int = 256, repeats: int = 15, warmup: int = 3,
+                 name: str | None = None, seed: int = 0, lazy_head: bool = False) -> pd.DataFrame:
+    """Median ms of one forward with R query rows (tokens) over a cached prefix of `prefix` tokens.
+
+    The cache is prefilled once; after every timed forward it is rolled back to `prefix` tokens, so each
+    measurement sees the same state. Returns one line per R: model, device, prefix, rows, median_ms, min_ms,
+    ms_per_token (median_ms / rows), relative (median_ms / median_ms at the fewest rows).
+    lazy_head=True times what the loop's verifying forward does (verify.RowLogits): the body on R rows and the
+    LM head on the last row only (the walk reads 1 + accepted rows); models without a plain head run whole.
+    """
+    from ..mechanisms.verify import lazy_head_ok
+    lazy = lazy_head and lazy_head_ok(model)
+    head = model.get_output_embeddings()
+
+    def make_step(cache, ids, r):
+        step = ids[:, prefix: prefix + r]  # (1, R)
+        if lazy:
+            body = model.model
+            return lambda: head(body(input_ids=step, past_key_values=cache, use_cache=True).last_hidden_state[0, -1])
+        return lambda: model(input_ids=step, past_key_values=cache, use_cache=True)
+    return _time_steps(model, rows, prefix, repeats, warmup, name, seed, make_step)
 
 
 def verify_overhead(costs: pd.DataFrame, model: str, gamma: int) -> float:
@@ -140,42 +152,21 @@ def measured_agreement(target, draft, input_ids) -> float:
 def verify_cost(model, rows=DEFAULT_ROWS, prefix: int = 256, repeats: int = 7, warmup: int = 2,
                 name: str | None = None, seed: int = 0) -> pd.DataFrame:
     """Median ms of one step of the decoding loop with R rows: `verify` of a tree of R - 1 random draft nodes
-    (branches of 4 from the root, like a small Cacheback tree) after a cached prefix, and `commit` (nothing
-    accepted: random drafts). Same columns as `forward_cost`."""
+    (branches of 4 from the root, like a small Cacheback tree) after a cached prefix, and `commit` of nothing
+    (the cache is rolled back after each step anyway). Same columns as `forward_cost`."""
     from ..mechanisms.draft_tree import ROOT, DraftTree
     from ..mechanisms.verify import Proposal, commit, forward_spec, verify
 
-    rows = sorted(int(r) for r in rows)
-    if not rows or rows[0] < 1:
-        raise ValueError(f"rows must be positive ints, got {rows}")
-    limit = getattr(model.config, "max_position_embeddings", None)
-    if limit is not None and prefix + rows[-1] > limit:
-        raise ValueError(f"prefix {prefix} + {rows[-1]} rows exceeds the model's context of {limit}")
-    device = next(model.parameters()).device
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, vocab_size(model), (prefix + rows[-1],), generator=generator).tolist()
-    committed = ids[:prefix + 1]  # the cache holds all but the last (the root)
     spec = forward_spec(model)
-    records = []
-    with torch.inference_mode():
-        cache = new_cache(model)
-        model(input_ids=torch.tensor([committed[:-1]], device=device), past_key_values=cache, use_cache=True)
-        for r in rows:
-            nodes = ids[prefix + 1:prefix + r]
-            tree = DraftTree(committed[-1], nodes, [ROOT if i % 4 == 0 else i - 1 for i in range(len(nodes))])
-            times = []
-            for i in range(warmup + repeats):
-                synchronize(device)
-                start = time.perf_counter()
-                verdict = verify(model, cache, Proposal(tree), committed, spec=spec)
-                commit(cache, verdict.prefix_len, verdict.accepted[:0])
-                synchronize(device)
-                if i >= warmup:
-                    times.append((time.perf_counter() - start) * 1000)
-                rollback(cache, prefix)
-            records.append(dict(model=name or type(model).__name__, device=str(device), prefix=prefix, rows=r,
-                                median_ms=statistics.median(times), min_ms=min(times)))
-    df = pd.DataFrame(records)
-    df["ms_per_token"] = df["median_ms"] / df["rows"]
-    df["relative"] = df["median_ms"] / df["median_ms"].iloc[0]
-    return df
+
+    def make_step(cache, ids, r):
+        committed = ids[0, :prefix + 1].tolist()  # the cache holds all but the last (the root)
+        nodes = ids[0, prefix + 1:prefix + r].tolist()
+        parents = [ROOT if i % 4 == 0 else i - 1 for i in range(len(nodes))]  # branches of 4 from the root
+        proposal = Proposal(DraftTree(committed[-1], nodes, parents))
+
+        def step():
+            verdict = verify(model, cache, proposal, committed, spec=spec)
+            commit(cache, verdict.prefix_len, [])
+        return step
+    return _time_steps(model, rows, prefix, repeats, warmup, name, seed, make_step)

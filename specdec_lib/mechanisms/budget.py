@@ -9,9 +9,10 @@ pick the budget, step by step, that maximises the expected throughput
 
 with t what one step of the decoding loop costs on this device for that many rows (`CostCurve`, timed on the
 loop's own verify + commit: tree mask and masked attention included, which a bare forward leaves out) and
-E[tokens] from the method's own running acceptance statistics. The choice depends only on the history (committed tokens and verdicts) and
-on the curve, never on the random stream: the budget changes what is drafted, never what is emitted
-(lossless), and a test that injects a curve (`CostCurve.from_points`) gets the same choices every time.
+E[tokens] from the method's own running acceptance statistics. The choice depends only on the history
+(committed tokens and verdicts) and on the curve, never on the random stream: the budget changes what is
+drafted, never what is emitted (lossless), and a test that injects a curve (`CostCurve.from_points`) gets the
+same choices every time.
 
 Two estimators of E[tokens | b]:
 - `ChainBudget` (a chain of g drafts: draft model, prompt lookup, CARD's query): P(accept depth d | depth d reached) per
@@ -106,19 +107,16 @@ class CostCurve:
         pairs = sorted(dict(points).items())
         return cls([r for r, _ in pairs], [m for _, m in pairs])
 
-    def __call__(self, rows):
-        """t(rows) in ms; rows a number (a float back) or an array (an array back)."""
-        r, m = self.rows, self.ms
-        if isinstance(rows, (int, float)) and r[0] <= rows <= r[-1]:  # the chooser's hot path, without numpy
-            i = min(bisect.bisect_right(self._rows, rows), len(self._rows) - 1)
-            lo, hi = self._rows[i - 1], self._rows[i]
-            return self._ms[i - 1] + (self._ms[i] - self._ms[i - 1]) * (rows - lo) / (hi - lo) if hi > lo else self._ms[i]
-        x = np.asarray(rows, dtype=float)
-        y = np.interp(x, r, m)
-        if len(r) > 1:  # beyond the last point: its slope
-            slope = max(0.0, (m[-1] - m[-2]) / (r[-1] - r[-2]))
-            y = np.where(x > r[-1], m[-1] + slope * (x - r[-1]), y)
-        return float(y) if y.ndim == 0 else y
+    def __call__(self, rows: float) -> float:
+        """t(rows) in ms. Plain Python (bisect), not numpy: the choosers call it between two forwards, where a
+        numpy call costs several times more than in isolation."""
+        r, m = self._rows, self._ms
+        if rows <= r[0] or len(r) == 1:
+            return m[0]
+        if rows >= r[-1]:  # beyond the last point: its slope
+            return m[-1] + max(0.0, (m[-1] - m[-2]) / (r[-1] - r[-2])) * (rows - r[-1])
+        i = bisect.bisect_right(r, rows)  # r[i - 1] <= rows < r[i]
+        return m[i - 1] + (m[i] - m[i - 1]) * (rows - r[i - 1]) / (r[i] - r[i - 1])
 
     def __repr__(self) -> str:
         points = ", ".join(f"{int(r)}: {m:.2f}" for r, m in zip(self.rows, self.ms))
@@ -311,6 +309,18 @@ class TreeBudget:
             self.tokens[i] += tokens + (extra if censored and censored[0] else 0.0)
             self.base[i] += base
             self.rows[i] += rows
+
+    def record_step(self, verified: int, emitted: Sequence[int], rows: int, others: Sequence[int],
+                    regrow: Callable[[int], tuple]) -> None:
+        """One step of a tree proposer: the verified candidate yielded len(emitted) tokens over `rows` rows; for
+        each of `others` (what `choose` returned), regrow(b) -> (its tree, its rows) gives what it would have
+        yielded (`tree_yield`, censored or not)."""
+        results = {verified: (len(emitted), rows)}
+        for b in others:
+            tree, b_rows = regrow(b)
+            tokens, censored = tree_yield(tree, emitted)
+            results[b] = (tokens, b_rows, censored)
+        self.record(results, verified)
 
 
 def tree_yield(tree, emitted: Sequence[int]) -> tuple[int, bool]:

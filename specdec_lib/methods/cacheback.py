@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
-from ..mechanisms.budget import TreeBudget, check_budget, is_auto, resolve_curve, tree_yield
+from ..mechanisms.budget import TreeBudget, check_budget, is_auto, resolve_curve
 from ..mechanisms.draft_tree import grow_tree
 from ..mechanisms.ngram_table import NgramTable
 from ..tools.frozen_tables import resolve_frozen
@@ -131,14 +131,12 @@ class Cacheback(Proposer):
         return Proposal(self._grow(context, tdl, self.crts[tdl]), info=dict(tdl=tdl))
 
     def observe(self, state: LoopState, verdict) -> None:
-        if self.chooser is not None:  # before the table update: the smaller trees this step could have grown
-            emitted, tree = verdict.emitted, verdict.proposal.tree
-            results = {verdict.proposal.info["tdl"]: (len(emitted), len(tree) + 1)}
-            for tdl in self.others:
+        if self.chooser is not None:  # before the table update: the neighbouring trees this step could have grown
+            def regrow(tdl):
                 other = self._grow(self.context, tdl, self.crts[tdl])
-                tokens, censored = tree_yield(other, emitted)
-                results[tdl] = (tokens, len(other) + 1, censored)
-            self.chooser.record(results)
+                return other, len(other) + 1
+            self.chooser.record_step(verdict.proposal.info["tdl"], verdict.emitted, len(verdict.proposal.tree) + 1,
+                                     self.others, regrow)
         if self.dynamic is not None:  # the windows completed by the new tokens (§3.2, Figure 2)
             n_new = len(verdict.emitted)
             self.dynamic.update_new(state.committed[-(n_new + self.window):], n_new)

@@ -196,15 +196,19 @@ class Card(Proposer):
                 self.cond.notify_all()
 
     def _can_grow(self) -> bool:
-        return self.tree.depth < self.max_depth or self.tree.root_logits is None
+        return self._growable(self.tree.depth, self.tree.root_logits is not None)
+
+    def _growable(self, depth: int, root_fed: bool) -> bool:
+        """The drafter can add a layer: below max_depth, or the root not fed yet (right after a correction)."""
+        return depth < self.max_depth or not root_fed
 
     # ---- the loop's hooks -------------------------------------------------------------------------------
 
     def _may_query(self, depth: int, root_fed: bool, since_query: int) -> bool:
         """The target may query: `ratio` layers since the last query and a tree at least `ratio` deep (after a
         miss the target waits for the drafter), or the tree is at max_depth (the drafter cannot grow it)."""
-        can_grow = depth < self.max_depth or not root_fed
-        return not can_grow or (since_query >= self.ratio and depth >= min(self.ratio, self.max_depth))
+        deep_enough = depth >= min(self.ratio, self.max_depth)
+        return not self._growable(depth, root_fed) or (since_query >= self.ratio and deep_enough)
 
     def _ready(self) -> bool:
         return self._may_query(self.tree.depth, self.tree.root_logits is not None, self.since_query)

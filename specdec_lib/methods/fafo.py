@@ -45,7 +45,7 @@ from collections import OrderedDict
 import torch
 
 from ..checks import check_int
-from ..mechanisms.budget import TreeBudget, check_budget, is_auto, resolve_curve, tree_yield
+from ..mechanisms.budget import TreeBudget, check_budget, is_auto, resolve_curve
 from ..loop import LoopState, Proposal, Proposer, SideRows, register_proposer
 from ..mechanisms import flex_layout, verify
 from ..mechanisms.compression import Compression, Quest, StreamingLLM
@@ -205,13 +205,13 @@ class Fafo(Proposer):
         self.found += bool(verdict.accepted)
         proposal = verdict.proposal
         if self.chooser is not None and "find_out" in proposal.info:  # the fumble rows are paid whatever the cap
-            fumble, emitted, root = self.n * self.k, verdict.emitted, proposal.tree.root
-            results = {proposal.info["find_out"]: (len(emitted), 1 + len(proposal.tree) + fumble)}
-            for cap in self.others:
+            root, fumble = proposal.tree.root, self.n * self.k
+
+            def regrow(cap):
                 tree = self._candidate_tree(root, self.found_candidates[:cap], self.budget)
-                tokens, censored = tree_yield(tree, emitted)
-                results[cap] = (tokens, 1 + len(tree) + fumble, censored)
-            self.chooser.record(results)
+                return tree, 1 + len(tree) + fumble
+            self.chooser.record_step(proposal.info["find_out"], verdict.emitted, 1 + len(proposal.tree) + fumble,
+                                     self.others, regrow)
         if self.fused:
             predicted = verdict.side_logits.argmax(-1).tolist()  # (n,): each stream's next token
         else:

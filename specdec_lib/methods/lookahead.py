@@ -46,10 +46,18 @@ import torch
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, SideRows, register_proposer
-from ..mechanisms.budget import TreeBudget, check_budget, is_auto, resolve_curve, tree_yield
+from ..mechanisms.budget import TreeBudget, check_budget, is_auto, resolve_curve
 from ..mechanisms.draft_tree import ROOT, DraftTree
 
 GUESS_LADDER = (0, 1, 2, 3, 4, 5, 7, 10, 14)  # guesses="auto" picks among these (the pool keeps the largest)
+
+
+def guess_tree(root: int, guesses, length: int) -> DraftTree:
+    """The guesses (n-grams), each cut to `length` tokens, hung under the root; shared prefixes merged (a trie)."""
+    tree = DraftTree(root)
+    for gram in guesses:
+        tree.add_chain(ROOT, gram[:length], merge=True)
+    return tree
 
 
 def window_sees(levels: int, columns: int) -> torch.Tensor:
@@ -126,7 +134,6 @@ class Lookahead(Proposer):
 
     def propose(self, state: LoopState, budget: int) -> Proposal:
         root = state.committed[-1]
-        tree = DraftTree(root)
         length = min(self.N - 1, budget)  # deeper guess tokens could not be emitted
         guesses = self.pool.get(root) if length > 0 else []
         info = {}
@@ -135,8 +142,7 @@ class Lookahead(Proposer):
             self.chosen.append(g)
             self.candidates, self.length, info = guesses, length, dict(g=g)
             guesses = guesses[:g]
-        for gram in guesses:
-            tree.add_chain(ROOT, gram[:length], merge=True)  # shared prefixes merged: a trie
+        tree = guess_tree(root, guesses, length)
         levels, cols = len(self.levels), len(self.levels[0])
         tokens = [t for level in self.levels for t in level]  # level-major, levels * cols
         depths = [1 + i + j for i in range(levels) for j in range(cols)]  # level i, column j at root + 1 + i + j
@@ -145,22 +151,16 @@ class Lookahead(Proposer):
         self.guesses_proposed += len(guesses)
         return Proposal(tree, side=side, info=dict(guesses=len(guesses), levels=levels, pool=self.pool.size, **info))
 
-    def _guess_tree(self, root: int, g: int) -> DraftTree:
-        tree = DraftTree(root)
-        for gram in self.candidates[:g]:
-            tree.add_chain(ROOT, gram[:self.length], merge=True)
-        return tree
-
     def observe(self, state: LoopState, verdict) -> None:
         proposal = verdict.proposal if self.chooser is not None else None
         if proposal is not None and "g" in proposal.info:  # the window rows are paid whatever g is
-            window, emitted = len(proposal.side.tokens), verdict.emitted
-            results = {proposal.info["g"]: (len(emitted), 1 + len(proposal.tree) + window)}
-            for g in self.others:
-                tree = self._guess_tree(proposal.tree.root, g)
-                tokens, censored = tree_yield(tree, emitted)
-                results[g] = (tokens, 1 + len(tree) + window, censored)
-            self.chooser.record(results)
+            root, window = proposal.tree.root, len(proposal.side.tokens)
+
+            def regrow(g):
+                tree = guess_tree(root, self.candidates[:g], self.length)
+                return tree, 1 + len(tree) + window
+            self.chooser.record_step(proposal.info["g"], verdict.emitted, 1 + len(proposal.tree) + window,
+                                     self.others, regrow)
         levels, cols = len(self.levels), len(self.levels[0])
         # side_logits (cols, V): the last level's rows (logits_rows); argmax even when sampling: the window only
         # generates guesses

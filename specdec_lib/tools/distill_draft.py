@@ -39,10 +39,9 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from .corpus import load_corpus
-from .train_tiny import encode_split, heldout_metrics, lr_at, random_blocks
+from .train_tiny import encode_split, heldout_metrics, lr_at, random_blocks, train_step
 
 MODELS = Path(__file__).resolve().parents[2] / "data" / "models"
 
@@ -104,21 +103,12 @@ def distill(target, draft, train, held, *, steps: int, batch: int, block: int, l
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup=min(100, steps // 10))
         tokens = random_blocks(train, batch, block, gen).to(device)
-        inputs, labels = tokens[:, :-1], tokens[:, 1:]  # (B, T)
-        with torch.no_grad():
-            p_log = F.log_softmax(target(input_ids=inputs).logits.float(), -1).flatten(0, 1)  # (B*T, V) log p
-        q_logits = draft(input_ids=inputs).logits.float().flatten(0, 1)  # (B*T, V)
-        kl = F.kl_div(F.log_softmax(q_logits, -1), p_log, log_target=True, reduction="batchmean")  # KL(p || q)
-        loss = (1 - distill_weight) * F.cross_entropy(q_logits, labels.flatten()) + distill_weight * kl
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
+        train_step(draft, opt, tokens[:, :-1], tokens[:, 1:], target, distill_weight)  # float32 (tiny models)
         done = step + 1
-        if done % eval_every == 0 or done == steps:
+        time_up = minutes is not None and time.time() - started > minutes * 60
+        if done % eval_every == 0 or done == steps or time_up:
             evaluate(done)
-        if minutes is not None and time.time() - started > minutes * 60:
-            evaluate(done)
+        if time_up:
             break
     return best
 

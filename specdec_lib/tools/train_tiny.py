@@ -111,6 +111,25 @@ def lr_at(step: int, steps: int, peak: float, warmup: int = 100) -> float:
     return peak * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup))) * 0.95 + peak * 0.05
 
 
+def train_step(model, opt, inputs, labels, teacher=None, distill_weight: float = 0.8, bf16: bool = False):
+    """One optimizer step on (B, T) inputs and labels: cross-entropy, or with a teacher (1 - w) x cross-entropy
+    + w x KL(p || q) (p the teacher's next-token distribution, q the model's); gradients clipped at norm 1."""
+    with torch.autocast(inputs.device.type, dtype=torch.bfloat16, enabled=bf16):
+        logits = model(input_ids=inputs).logits.float()  # (B, T, V)
+        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        if teacher is not None:
+            with torch.no_grad():
+                p_logits = teacher(input_ids=inputs).logits.float()  # (B, T, V) target logits
+            kl = F.kl_div(F.log_softmax(logits, -1).flatten(0, 1), F.log_softmax(p_logits, -1).flatten(0, 1),
+                          log_target=True, reduction="batchmean")
+            loss = (1 - distill_weight) * loss + distill_weight * kl
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss
+
+
 def train_model(model, stream, prof: Profile, steps: int, device, seed: int, label: str, teacher=None):
     """AdamW + cosine schedule on random blocks; with a teacher, distil (see module docstring)."""
     from tqdm.auto import tqdm
@@ -124,20 +143,7 @@ def train_model(model, stream, prof: Profile, steps: int, device, seed: int, lab
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, prof.lr)
         batch = random_blocks(stream, prof.batch_size, prof.block_size, gen).to(device)
-        inputs, labels = batch[:, :-1], batch[:, 1:]  # (B, T)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
-            logits = model(input_ids=inputs).logits.float()  # (B, T, V)
-            loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
-            if teacher is not None:
-                with torch.no_grad():
-                    p_logits = teacher(input_ids=inputs).logits.float()  # (B, T, V) target logits
-                kl = F.kl_div(F.log_softmax(logits, -1).flatten(0, 1), F.log_softmax(p_logits, -1).flatten(0, 1),
-                              log_target=True, reduction="batchmean")
-                loss = (1 - prof.distill_weight) * loss + prof.distill_weight * kl
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss = train_step(model, opt, batch[:, :-1], batch[:, 1:], teacher, prof.distill_weight, bf16=use_bf16)
         if step % 20 == 0:
             bar.set_postfix(loss=f"{loss.item():.3f}")
     model.eval()

@@ -46,7 +46,8 @@ from .bench import ablation_explorer, bench_figure, gamma_sweep_figure, heatmap_
 
 __all__ = ["CacheStep", "ablation_explorer", "acceptance_figure", "acceptance_html", "bench_figure",
            "block_map_figure", "card_explorer", "cache_steps", "cache_timeline_figure", "cost_curve_figure", "cost_figure",
-           "budget_figure", "cost_per_token_figure", "efficiency_figure", "radar_figure", "step_costs_figure", "why_explorer",
+           "budget_figure", "cost_per_token_figure", "efficiency_figure", "radar_figure", "step_costs_figure",
+           "why_explorer",
            "distribution_figure", "draft_time_figure", "gamma_sweep_figure", "heatmap_figure", "layout_figure",
            "layout_timing_figure", "mask_figure", "mask_labels", "pool_explorer", "pool_figure",
            "result_acceptance_html", "rollback_explorer", "selection_figure", "speedup_explorer",
