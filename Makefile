@@ -6,24 +6,30 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BROWSER_STAMP := $(VENV)/.installed-browser
+# The exact versions the tests, the notebooks and data/results were produced with (every package but torch, which
+# TORCH_SPEC pins). pyproject.toml keeps the compatible ranges for installs into other environments; `make lock`
+# rewrites this file from the newest versions those ranges allow.
+LOCK := requirements/lock.txt
+PIP_LOCKED = -m pip install -q -c $(LOCK)
 
-.PHONY: env workbook test lab models bench bench-readme bench-layout clean-figures
+.PHONY: env workbook test lab models bench bench-readme bench-layout clean-figures lock test-latest test-oldest \
+	test-drift
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-# Re-install when the package metadata changes; torch first so nothing pulls a CUDA build.
-$(STAMP): $(BIN)/python pyproject.toml
+# Re-install when the package metadata or the lock changes; torch first so nothing pulls a CUDA build.
+$(STAMP): $(BIN)/python pyproject.toml $(LOCK)
 	$(BIN)/python -m pip install -q $(TORCH_SPEC)
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python $(PIP_LOCKED) $(TORCH_SPEC) -e ".[dev]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
 # The browser test's extra (Playwright, JupyterLab); the browser itself is the system's Chromium (.ci/run installs
 # it with apt), since Playwright's own browser download needs the internet.
 $(BROWSER_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q $(TORCH_SPEC) -e ".[dev,browser]"
+	$(BIN)/python $(PIP_LOCKED) $(TORCH_SPEC) -e ".[dev,browser]"
 	touch $(BROWSER_STAMP)
 
 env: $(STAMP)
@@ -35,7 +41,7 @@ test: $(BROWSER_STAMP)
 	$(BIN)/python -m pytest -q tests
 
 lab: $(STAMP)
-	$(BIN)/python -m pip install -q -e ".[lab]"
+	$(BIN)/python $(PIP_LOCKED) $(TORCH_SPEC) -e ".[lab]"
 	$(BIN)/jupyter lab notebooks
 
 models: $(STAMP)
@@ -53,3 +59,41 @@ bench-readme: $(STAMP)
 
 bench-layout: $(STAMP)
 	$(BIN)/python -m specdec_lib.bench.flex_layout
+
+# ---- versions: the lock, and the drift check at both ends of the supported range --------------------------------
+# `make lock`: a fresh environment with the newest versions pyproject.toml allows (every extra), frozen into $(LOCK).
+lock:
+	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/python -m pip install -q --upgrade pip
+	.venv-lock/bin/python -m pip install -q $(TORCH_SPEC) -e ".[dev,browser,lab]"
+	{ echo "# Exact versions for 'make env/test/workbook' (pip -c): written by 'make lock' on Python $$(.venv-lock/bin/python -c 'import platform; print(platform.python_version())'), $$(uname -m)."; \
+	  echo "# torch is not here: TORCH_SPEC in the Makefile pins it ($(TORCH_SPEC))."; \
+	  .venv-lock/bin/python -m pip freeze --exclude-editable | grep -v -i -E '^(torch|triton|nvidia-[a-z0-9_-]+|cuda-[a-z0-9_-]+)=='; \
+	} > $(LOCK)
+	rm -rf .venv-lock
+	@echo "$(LOCK): $$(grep -c '==' $(LOCK)) packages; transformers $$(grep -i '^transformers==' $(LOCK))"
+
+# The drift check: the contract tests and one notebook in SMOKE mode (no stderr output allowed) in a fresh
+# environment, at the newest versions pyproject.toml allows (test-latest) and at the oldest supported transformers
+# (test-oldest). Not part of `make test` (each builds an environment: about 10 minutes); run both before changing
+# the lock or the supported range, and whenever a new transformers release comes out.
+OLDEST_TRANSFORMERS ?= 5.15.0
+DRIFT_TESTS ?= tests/test_compat.py tests/test_contract.py tests/test_generate_contract.py
+DRIFT_NOTEBOOK ?= 03_dynamiccache_rollback.ipynb
+define drift_check
+	rm -rf $(1) && $(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install -q --upgrade pip
+	$(1)/bin/python -m pip install -q $(TORCH_SPEC) $(2) -e ".[dev]"
+	$(1)/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	@$(1)/bin/python -c "import torch, transformers, tokenizers, datasets; print('drift check with torch', torch.__version__, '| transformers', transformers.__version__, '| tokenizers', tokenizers.__version__, '| datasets', datasets.__version__)"
+	$(1)/bin/python -m pytest -q $(DRIFT_TESTS)
+	$(1)/bin/python -m specdec_lib.tools.run_notebooks --smoke --fail-on-stderr --pattern $(DRIFT_NOTEBOOK) --out $(1)/workbook
+endef
+
+test-latest:
+	$(call drift_check,.venv-latest,)
+
+test-oldest:
+	$(call drift_check,.venv-oldest,"transformers==$(OLDEST_TRANSFORMERS)")
+
+test-drift: test-latest test-oldest

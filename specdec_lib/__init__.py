@@ -8,6 +8,8 @@ Notation, used the same way in code, notebooks and plots:
   TDL total draft length, CRT tokens reserved for deeper tree levels.
 
 The folders are the architecture, in reading order:
+- compat: transformers' moving parts (the cache keyword, crop, reading a forward's arguments), the one module
+  that knows which release is installed;
 - the contract (this folder): models (load a pair) -> sampling (p and q) -> decoding (`generate`, the registry
   `METHODS`, `GenerationResult`) -> loop (THE decoding loop; every method is a proposer plugged into it);
 - mechanisms/: ngram_table -> draft_tree -> masks -> kv_cache -> verify -> compression -> flex_layout, card_tree (pure
@@ -19,6 +21,7 @@ The folders are the architecture, in reading order:
   bench);
 - tools/: corpus, frozen_tables, train_tiny, model_card, make_prompts, run_notebooks, notebook (tooling).
 """
+from . import compat
 from .models import ModelPair, check_same_vocab, load_models
 from .sampling import SamplingConfig
 from .decoding import METHODS, GenerationResult, Request, generate, register
@@ -29,6 +32,6 @@ from .mechanisms.verify import verify, verify_tree
 from . import methods as _methods  # noqa: F401  (registers every method)
 
 __all__ = ["METHODS", "DraftTree", "FrozenNgramTable", "GenerationResult", "LoopState", "ModelPair", "NgramTable",
-           "Proposal", "Proposer", "Request", "SamplingConfig", "SideRows", "Verdict", "check_same_vocab",
+           "Proposal", "Proposer", "Request", "SamplingConfig", "SideRows", "Verdict", "check_same_vocab", "compat",
            "generate", "grow_tree", "load_models", "register", "register_proposer", "verify", "verify_tree"]
 __version__ = "0.2.0"

@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 
-from specdec_lib import generate, loop
+from specdec_lib import compat, generate, loop
 from specdec_lib.mechanisms import verify as tree_verify
 from specdec_lib.tools import frozen_tables as cb
 from specdec_lib.mechanisms.ngram_table import FrozenNgramTable
@@ -233,7 +233,7 @@ def test_row_logits_equal_the_full_logits(tiny_pair64, models):
         caches = []
         for lazy in (False, True):
             cache = kv_cache.new_cache(target)
-            target(input_ids=ids, past_key_values=cache, use_cache=True)
+            compat.forward(target, input_ids=ids, cache=cache, use_cache=True)
             caches.append((cache, tree_verify.tree_logits(target, cache, tree, ids.shape[1], lazy=lazy)))
         (_, full), (_, rows) = caches
         assert isinstance(rows, tree_verify.RowLogits) and rows.shape == tuple(full.shape)

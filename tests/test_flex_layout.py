@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from conftest import SHIPPED_PROMPTS, random_lm
-from specdec_lib import generate
+from specdec_lib import compat, generate
 from specdec_lib.mechanisms import flex_layout as fl
 from specdec_lib.mechanisms.compression import CacheView, Quest, StreamingLLM
 
@@ -182,7 +182,7 @@ def naive_streaming_greedy(model, ids, steps, sinks, recent):
     from transformers import DynamicCache
 
     cache, out, row = DynamicCache(), [], torch.tensor([ids])
-    logits = model(row, past_key_values=cache).logits[0, -1]
+    logits = compat.forward(model, input_ids=row, cache=cache).logits[0, -1]
     while True:
         out.append(int(logits.argmax()))
         if len(out) == steps:
@@ -191,8 +191,8 @@ def naive_streaming_greedy(model, ids, steps, sinks, recent):
         keys = torch.arange(pos + 1)
         seen = (keys < sinks) | (keys > pos - 1 - recent)  # C over 0..pos-1, and the row itself
         mask = torch.zeros(1, 1, 1, pos + 1, dtype=torch.float64).masked_fill(~seen, torch.finfo(torch.float64).min)
-        logits = model(torch.tensor([[out[-1]]]), position_ids=torch.tensor([[pos]]), attention_mask=mask,
-                       past_key_values=cache).logits[0, -1]
+        logits = compat.forward(model, input_ids=torch.tensor([[out[-1]]]), position_ids=torch.tensor([[pos]]),
+                                attention_mask=mask, cache=cache).logits[0, -1]
 
 
 def test_streaming_rows_equal_a_naive_recompute(tiny_pair64, tiny_pair):
@@ -229,7 +229,7 @@ def test_bad_input_is_refused():
     plain = copy.deepcopy(model)
     with pytest.raises(RuntimeError, match="call prepare"):  # a forward the store was not told about
         with torch.no_grad():
-            plain(torch.tensor([[1, 2]]), past_key_values=store)
+            compat.forward(plain, input_ids=torch.tensor([[1, 2]]), cache=store)
     model = attached(model)
     with pytest.raises(ValueError, match="BlockMask of FlexLayoutStore.prepare"):
         with torch.no_grad():

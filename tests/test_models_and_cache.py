@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec_lib import generate, load_models
+from specdec_lib import compat, generate, load_models
 from specdec_lib.mechanisms.kv_cache import cache_length, new_cache, rollback
 from specdec_lib.models import TINY_DIR, resolve_device
 
@@ -85,12 +85,12 @@ def test_rollback_equals_recompute():
     ids = torch.randint(0, 97, (1, 20), generator=torch.Generator().manual_seed(0))
     cache = new_cache(model)
     with torch.no_grad():
-        model(input_ids=ids, past_key_values=cache, use_cache=True)
+        compat.forward(model, input_ids=ids, cache=cache, use_cache=True)
         assert cache_length(cache) == 20
         rollback(cache, 12)
         assert cache_length(cache) == 12
         assert all(layer.keys.shape[2] == 12 for layer in cache.layers)  # (B, kv_heads, seq, head_dim)
-        after = model(input_ids=ids[:, 12:15], past_key_values=cache, use_cache=True).logits
+        after = compat.forward(model, input_ids=ids[:, 12:15], cache=cache, use_cache=True).logits
         fresh = model(input_ids=ids[:, :15]).logits[:, 12:15]
     torch.testing.assert_close(after, fresh, rtol=0, atol=1e-10)
     rollback(cache, 15)  # a no-op at the current length

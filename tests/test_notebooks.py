@@ -34,6 +34,8 @@ def test_notebook_runs_in_smoke_mode(path, smoke_workbook):
     assert all(c.execution_count is not None for c in code), "some cells did not run"
     errors = [o for c in code for o in c.outputs if o.output_type == "error"]
     assert not errors, [f"{e.ename}: {e.evalue}" for e in errors]
+    # no red boxes: nothing a cell writes to stderr (a FutureWarning from a moved transformers keyword, a log line)
+    assert not run.stderr, run.stderr
     # readable outside Jupyter: every plotly figure and every widget view also carries text/html
     outputs = [o for c in code for o in c.outputs if o.get("data")]
     for mime in (offline_views.PLOTLY_MIME, offline_views.WIDGET_VIEW_MIME):

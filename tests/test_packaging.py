@@ -44,3 +44,41 @@ def test_notebooks_are_committed_without_outputs():
         assert "sys.path" not in sources, f"{path.name} edits sys.path"
         assert any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb["cells"]), path.name
         assert "SMOKE" in sources and "colab.research.google.com" in sources, path.name
+
+
+def _lock() -> dict[str, str]:
+    """{normalised name: version} of requirements/lock.txt."""
+    lines = (ROOT / "requirements" / "lock.txt").read_text().splitlines()
+    pins = [line.split("==") for line in lines if line and not line.startswith("#")]
+    assert all(len(pin) == 2 for pin in pins), "every line of the lock pins one exact version"
+    return {re.sub(r"[-_.]+", "-", name).lower(): version for name, version in pins}
+
+
+def test_lock_pins_every_dependency_inside_its_range():
+    """make installs with `pip -c requirements/lock.txt`: each dependency and extra is pinned there (torch excepted:
+    TORCH_SPEC pins it), at a version pyproject's range admits, so a fresh clone gets what was tested."""
+    from packaging.requirements import Requirement
+
+    lock = _lock()
+    project = _pyproject()["project"]
+    extras = project["optional-dependencies"]
+    for spec in project["dependencies"] + extras["dev"] + extras["lab"] + extras["browser"]:
+        req = Requirement(spec)
+        name = re.sub(r"[-_.]+", "-", req.name).lower()
+        if name == "torch":
+            assert name not in lock, "torch is pinned by TORCH_SPEC, not by the lock"
+            continue
+        assert name in lock, f"{req.name} is not pinned in requirements/lock.txt (run make lock)"
+        assert req.specifier.contains(lock[name], prereleases=True), f"lock has {req.name}=={lock[name]}, outside {spec}"
+    makefile = (ROOT / "Makefile").read_text()
+    assert "LOCK := requirements/lock.txt" in makefile and "-c $(LOCK)" in makefile
+    assert re.search(r"^\$\(STAMP\):.*\$\(LOCK\)", makefile, re.M), "the environment re-installs when the lock changes"
+
+
+def test_readme_names_the_locked_versions_and_the_drift_check():
+    lock, readme = _lock(), (ROOT / "README.md").read_text()
+    assert f"transformers {lock['transformers']}" in readme, "README should say which transformers is locked"
+    assert "make test-latest" in readme and "make test-oldest" in readme
+    oldest = re.search(r"^OLDEST_TRANSFORMERS \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
+    assert oldest.startswith("5.15"), oldest
+    assert '"transformers>=5.15,<6"' in (ROOT / "pyproject.toml").read_text()

@@ -12,6 +12,7 @@ import random
 import pytest
 import torch
 
+from specdec_lib import compat
 from specdec_lib.mechanisms.draft_tree import ROOT, DraftTree, grow_tree
 from specdec_lib.mechanisms.kv_cache import cache_length, compact, new_cache, rollback
 from specdec_lib.sampling import SamplingConfig, make_generator, pick_token, probs
@@ -37,7 +38,7 @@ def models():
 def prefill(model, ids: list[int]):
     cache = new_cache(model)
     if ids:
-        model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+        compat.forward(model, input_ids=torch.tensor([ids]), cache=cache, use_cache=True)
     return cache
 
 
@@ -45,7 +46,7 @@ def greedy_continuation(model, cache, first: int, steps: int) -> tuple[list[int]
     """Feed `first`, then `steps - 1` greedy tokens one at a time; return the tokens picked and the logits."""
     tokens, logits, feed = [], [], first
     for _ in range(steps):
-        row = model(input_ids=torch.tensor([[feed]]), past_key_values=cache, use_cache=True).logits[0, -1]
+        row = compat.forward(model, input_ids=torch.tensor([[feed]]), cache=cache, use_cache=True).logits[0, -1]
         logits.append(row)
         feed = int(row.argmax())
         tokens.append(feed)
@@ -95,10 +96,10 @@ def test_tree_step_matches_sequential_decoding(models, kind, seed):
             path = tree.path_to(leaf)
             seq = copy.deepcopy(base)
             feed = [root] + [tree.tokens[i] for i in path]
-            rows = model(input_ids=torch.tensor([feed[:1]]), past_key_values=seq, use_cache=True).logits[0]
+            rows = compat.forward(model, input_ids=torch.tensor([feed[:1]]), cache=seq, use_cache=True).logits[0]
             ref = [rows[-1]]
             for tok in feed[1:]:
-                ref.append(model(input_ids=torch.tensor([[tok]]), past_key_values=seq).logits[0, -1])
+                ref.append(compat.forward(model, input_ids=torch.tensor([[tok]]), cache=seq).logits[0, -1])
             got = logits[[0] + [i + 1 for i in path]]
             torch.testing.assert_close(got, torch.stack(ref), rtol=0, atol=TOL)
 
@@ -154,8 +155,8 @@ def test_eager_backend_additive_mask_and_bool_mask_is_wrong():
         torch.testing.assert_close(logits, ref, rtol=0, atol=1e-5)  # eager softmax runs in float32
         ids, pos, _ = tree_inputs(tree, len(prefix))
         bool_mask = tree_attention_mask(tree, len(prefix), backend="bool")
-        wrong = model(input_ids=ids, position_ids=pos, attention_mask=bool_mask,
-                      past_key_values=prefill(model, prefix)).logits[0]
+        wrong = compat.forward(model, input_ids=ids, position_ids=pos, attention_mask=bool_mask,
+                               cache=prefill(model, prefix)).logits[0]
     assert (wrong - ref).abs().max() > 1e-3  # True is added as +1: silently wrong under eager
 
 
@@ -182,7 +183,7 @@ def test_walk_follows_every_sibling_that_repeats_a_token(models):
         assert tree.children(ROOT) == [0, 2]  # two siblings carry g[0]
         cache = prefill(model, prefix)
         verdict = verify_tree(model, cache, tree, len(prefix))
-        after = model(input_ids=torch.tensor([[g[3]]]), past_key_values=cache, use_cache=True).logits[0, -1]
+        after = compat.forward(model, input_ids=torch.tensor([[g[3]]]), cache=cache, use_cache=True).logits[0, -1]
         fresh = model(input_ids=torch.tensor([prefix + [8] + g])).logits[0, -1]
     assert verdict.accepted == deep and verdict.tokens == g[:3] and verdict.bonus == g[3]
     torch.testing.assert_close(after, fresh, rtol=0, atol=1e-9)  # the committed cache is that chain's
@@ -305,7 +306,7 @@ def test_sampled_tree_step_reproduces_autoregressive_sampling():
             verdict = verify_tree(model, prefill(model, prefix), tree, 3, cfg, make_generator(seed, "cpu"))
             gen, cache, feed, ar = make_generator(seed, "cpu"), prefill(model, prefix), 3, []
             for _ in range(3):
-                logits = model(input_ids=torch.tensor([[feed]]), past_key_values=cache).logits[0, -1]
+                logits = compat.forward(model, input_ids=torch.tensor([[feed]]), cache=cache).logits[0, -1]
                 feed = pick_token(logits, cfg, gen)
                 ar.append(feed)
             assert verdict.tokens + [verdict.bonus] == ar

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .. import compat
 from ..mechanisms.kv_cache import new_cache, rollback
 from ..models import synchronize, vocab_size
 
@@ -57,7 +58,7 @@ def _time_steps(model, rows, prefix: int, repeats: int, warmup: int, name: str |
     records = []
     with torch.inference_mode():
         cache = new_cache(model)
-        model(input_ids=ids[:, :prefix], past_key_values=cache, use_cache=True)
+        compat.forward(model, input_ids=ids[:, :prefix], cache=cache, use_cache=True)
         for r in rows:
             step = make_step(cache, ids, r)
             times = []
@@ -95,8 +96,9 @@ def forward_cost(model, rows=DEFAULT_ROWS, prefix: int = 256, repeats: int = 15,
         step = ids[:, prefix: prefix + r]  # (1, R)
         if lazy:
             body = model.model
-            return lambda: head(body(input_ids=step, past_key_values=cache, use_cache=True).last_hidden_state[0, -1])
-        return lambda: model(input_ids=step, past_key_values=cache, use_cache=True)
+            return lambda: head(compat.forward(body, input_ids=step, cache=cache,
+                                               use_cache=True).last_hidden_state[0, -1])
+        return lambda: compat.forward(model, input_ids=step, cache=cache, use_cache=True)
     return _time_steps(model, rows, prefix, repeats, warmup, name, seed, make_step)
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from .. import compat
 from ..mechanisms import flex_layout as fl, kv_cache
 from ..mechanisms.compression import Compression
 from ..models import DATA_DIR, synchronize
@@ -177,11 +178,12 @@ def model_rows(model, length: int, budget: int, block: int, repeats: int) -> lis
         def step():
             store.rollback(length)
             mask = store.prepare(pos[0], compressed_rows=[compressed])
-            model(token, position_ids=pos, past_key_values=store, attention_mask=mask, logits_to_keep=1)
+            compat.forward(model, input_ids=token, position_ids=pos, cache=store, attention_mask=mask,
+                           logits_to_keep=1)
         return step
 
     def dynamic_step():
-        model(token, position_ids=pos, past_key_values=cache, logits_to_keep=1)
+        compat.forward(model, input_ids=token, position_ids=pos, cache=cache, logits_to_keep=1)
         kv_cache.rollback(cache, length)  # drop the step's own entry
 
     previous = fl.attach(model)  # the model may come attached already (notebook 05): restored as found

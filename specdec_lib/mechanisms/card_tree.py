@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import compat
 from . import kv_cache, masks
 from .draft_tree import ROOT
 from ..sampling import probs, sample
@@ -167,9 +168,10 @@ class CardTree(TreeShape):
             return None
         if job["kind"] == "root":
             ids = torch.tensor([job["ids"]], device=self.device)
-            return self.draft(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[0]
-        return self.draft(input_ids=job["ids"], position_ids=job["pos"], attention_mask=job["mask"],
-                          past_key_values=self.cache, use_cache=True).logits[0]  # (K, V)
+            return compat.forward(self.draft, input_ids=ids, cache=self.cache, use_cache=True,
+                                  logits_to_keep=1).logits[0]
+        return compat.forward(self.draft, input_ids=job["ids"], position_ids=job["pos"], attention_mask=job["mask"],
+                              cache=self.cache, use_cache=True).logits[0]  # (K, V)
 
     def discard(self, job: dict) -> None:
         """Undo a forward whose tree changed meanwhile (thread mode: a correction came in)."""

@@ -14,9 +14,9 @@ Keys are stored rotated at their logical positions, so moving an entry between s
     [base, base + R)           the rows of the forward in flight (base = length when `prepare` was called)
 
 One forward: `mask = store.prepare(positions, sees, compressed_rows)`, then
-`model(ids, position_ids=..., past_key_values=store, attention_mask=mask)`. `sees` (R, R) says which rows of
-the forward each row sees (causal for a prompt, ancestors for a tree, a stream for fumble rows); a row flagged
-in `compressed_rows` sees the committed entries in the fixed region only, the others see every committed entry.
+`compat.forward(model, input_ids=ids, position_ids=..., cache=store, attention_mask=mask)`. `sees` (R, R) says
+which rows of the forward each row sees (causal for a prompt, ancestors for a tree, a stream for fumble rows); a
+row flagged in `compressed_rows` sees the committed entries in the fixed region only, the others see every committed entry.
 The mask_mod is composed from the pure pieces below; the BlockMask is built ONCE per row count R
 (`BlockMask.from_kv_blocks`, no `create_block_mask`): each step writes a few block counts and indices in place
 and the tensors the mask_mod reads (base, compressed), so compiled flex never recompiles. A query block whose
@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from .. import compat
 from ..checks import check_int
 from . import masks
 from .compression import CacheView, Compression, StreamingLLM
@@ -344,8 +345,8 @@ def greedy_through_store(model, store, prompt_ids, max_new_tokens: int, compress
     mask = store.prepare(positions)  # the prompt: causal, full rows
     out = []
     while True:
-        logits = model(rows, position_ids=positions[None], past_key_values=store, attention_mask=mask,
-                       use_cache=True, logits_to_keep=1).logits[0, -1]
+        logits = compat.forward(model, input_ids=rows, position_ids=positions[None], cache=store,
+                                attention_mask=mask, use_cache=True, logits_to_keep=1).logits[0, -1]
         out.append(int(logits.argmax()))
         if len(out) == max_new_tokens:
             return out

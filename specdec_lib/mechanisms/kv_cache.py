@@ -1,10 +1,9 @@
-"""The one place that touches transformers' `DynamicCache` internals (version-sensitive calls live here).
+"""The one place that touches `DynamicCache` internals (the version-sensitive calls themselves are in `compat`).
 
 - `new_cache(model)`: an empty DynamicCache for a model.
 - `cache_length(cache)`: tokens the cache holds.
 - `rollback(cache, length)`: keep the first `length` tokens. transformers changed `DynamicCache.crop` at
-  5.15: before, `crop(n)` kept n tokens; from 5.15, `crop(-n)` removes n tokens and a positive argument
-  raises. We support >= 5.15 and wrap it once here.
+  5.15 (before, `crop(n)` kept n tokens; from 5.15, `crop(-n)` removes n tokens): `compat.crop` spells it.
 - `compact(cache, keep_from, indices)`: keep a prefix plus chosen later entries (the accepted path of a
   verified draft tree), in place, with no re-feeding.
 - `TrackedCache`: a draft model's cache with the token ids it holds (the draft side of draft-model SD, whose
@@ -14,17 +13,9 @@ Simplifications: full-attention caches only (no sliding-window layers), batch si
 """
 from __future__ import annotations
 
-from functools import lru_cache
-
 import torch
 
-
-@lru_cache(maxsize=1)
-def transformers_version() -> tuple[int, int]:
-    import transformers
-
-    major, minor = transformers.__version__.split(".")[:2]
-    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+from .. import compat
 
 
 def new_cache(model):
@@ -42,12 +33,7 @@ def rollback(cache, length: int) -> None:
     current = cache_length(cache)
     if not 0 <= length <= current:
         raise ValueError(f"cannot roll a cache of {current} tokens back to {length}")
-    if length == current:
-        return
-    if transformers_version() >= (5, 15):
-        cache.crop(length - current)  # a negative count: remove (current - length) tokens
-    else:  # pragma: no cover - older transformers are outside the supported range
-        cache.crop(length)
+    compat.crop(cache, length)
 
 
 def layer_keys(cache, layer: int) -> torch.Tensor:
@@ -109,7 +95,7 @@ class TrackedCache:
         """Forward `ids` after the cached tokens; the logits of the last `keep` positions, (keep, V)."""
         inputs = torch.tensor([ids], device=self.device)  # (1, len(ids))
         # logits_to_keep: the LM head runs on the rows we read only (on step 1 that skips the prompt's rows)
-        out = self.model(input_ids=inputs, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
+        out = compat.forward(self.model, input_ids=inputs, cache=self.cache, use_cache=True, logits_to_keep=keep)
         self.tokens.extend(ids)
         return out.logits[0]  # (keep, V)
 

@@ -38,6 +38,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from .. import compat
 from . import kv_cache
 from . import masks
 from .flex_backend import ATTENTION_NAME
@@ -224,9 +225,9 @@ def run_forward(target, cache, inputs: dict, keep: int, lazy: bool = True, check
     """The target's last `keep` rows: RowLogits when lazy (and lazy_head_ok; `checked`: the caller checked it),
     else logits (keep, V)."""
     if lazy and (checked or lazy_head_ok(target)):
-        hidden = target.model(**inputs, past_key_values=cache, use_cache=True).last_hidden_state[0, -keep:]
+        hidden = compat.forward(target.model, cache=cache, use_cache=True, **inputs).last_hidden_state[0, -keep:]
         return RowLogits(hidden, target.get_output_embeddings())  # hidden (keep, H), after the final norm
-    return target(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=keep).logits[0]  # (keep, V)
+    return compat.forward(target, cache=cache, use_cache=True, logits_to_keep=keep, **inputs).logits[0]  # (keep, V)
 
 
 def walk_tree(tree: DraftTree, logits, sampling: SamplingConfig = SamplingConfig(),

@@ -7,9 +7,10 @@
   `assistant_confidence_threshold=0`, so the assistant really drafts gamma tokens every step (HF's default
   threshold of 0.4 stops drafting early on flat distributions).
 
-HF does not report how many target forwards it ran, so `ForwardCounter` hooks the target and records the
-cache length at the start of each forward; from those starts follow the tokens each forward added (see
-`accept_lengths_from_starts`). HF samples from the global torch RNG: `seed` seeds it.
+HF does not report how many target forwards it ran, so `ForwardCounter` hooks the target and records, at the
+start of each forward, the length of the cache it is given and the rows it feeds (read off the arguments' types
+and shapes by `compat`, since the keyword names change between releases); from those starts follow the tokens
+each forward added (see `accept_lengths_from_starts`). HF samples from the global torch RNG: `seed` seeds it.
 
 Simplifications: batch size 1; HF's own stopping criteria beyond max_new_tokens/EOS are switched off.
 """
@@ -19,23 +20,21 @@ import copy
 
 import torch
 
+from .. import compat
 from ..checks import check_int
 from ..decoding import GenerationResult, Request, register
 
 
 class ForwardCounter:
-    """Context manager: the cache length at the start of every forward of `model`."""
+    """Context manager: for every forward of `model`, the cache length at its start and the rows it feeds."""
 
     def __init__(self, model):
-        self.model, self.starts, self._handle = model, [], None
+        self.model, self.starts, self.rows, self._handle = model, [], [], None
 
     def _hook(self, module, args, kwargs):
-        position = kwargs.get("cache_position")
-        if position is not None and position.numel() > 0:
-            self.starts.append(int(position.reshape(-1)[0]))
-        else:
-            cache = kwargs.get("past_key_values")
-            self.starts.append(int(cache.get_seq_length()) if cache is not None else 0)
+        cache = compat.find_cache(args, kwargs)
+        self.starts.append(int(cache.get_seq_length()) if cache is not None else 0)
+        self.rows.append(compat.query_rows(args, kwargs))
 
     def __enter__(self):
         self._handle = self.model.register_forward_pre_hook(self._hook, with_kwargs=True)
@@ -104,6 +103,9 @@ def hf_prompt_lookup(req: Request, num_tokens: int = 10, max_ngram: int = 2) -> 
 def hf_assisted(req: Request, gamma: int = 5) -> GenerationResult:
     """Hugging Face assisted generation (`assistant_model`) with a constant draft length gamma."""
     check_int("gamma", gamma, 1)
+    problem = compat.assisted_generation_problem()
+    if problem:
+        raise RuntimeError(problem)
     # HF reads the draft length from the *assistant's* generation config; set it for this call only.
     draft_config = req.draft.generation_config
     saved = copy.deepcopy(draft_config)

@@ -7,8 +7,11 @@ nbclient. Like papermill, a cell is injected right after the cell tagged `parame
 text/html fallback for every plotly figure and a static snapshot of every explorer (`offline_views`), and as a
 standalone page `<out>/<name>.html` that draws its figures offline; `<out>/index.html` links every notebook's
 page, .ipynb and figures. The executed copies are signed as trusted for this user (what `jupyter trust` does):
-JupyterLab draws the saved widgets of trusted notebooks only, and these outputs are our own. The time of each notebook is printed, and the exit status is non-zero, naming the
-notebook and the error, when any cell fails.
+JupyterLab draws the saved widgets of trusted notebooks only, and these outputs are our own. The time of each
+notebook is printed, and the exit status is non-zero, naming the notebook and the error, when any cell fails.
+Every output a cell wrote to stderr (what Jupyter draws as a red box: a warning, a library's log line) is listed
+after the notebook's time; with --fail-on-stderr such an output fails the run (the tests and the drift check
+use it: the workbook's pages carry no warnings).
 
 Why our own runner and not papermill or nbmake (both were considered; both sit on nbclient, like this one):
 - papermill does what `inject_parameters` does (a cell after the one tagged `parameters`) and writes executed
@@ -28,7 +31,7 @@ import argparse
 import sys
 import time
 from queue import Empty
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
@@ -46,10 +49,17 @@ class NotebookRun:
     output: Path
     error: str | None = None
     html: Path | None = None  # the standalone page (None when it could not be written)
+    stderr: list[str] = field(default_factory=list)  # "cell N: text" of every stderr output (a red box)
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+
+def stderr_outputs(nb) -> list[str]:
+    """"cell N: text" for every stream output a code cell wrote to stderr (N counts cells from 0)."""
+    return [f"cell {i}: {out.text.strip()}" for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
+            for out in cell.get("outputs", []) if out.output_type == "stream" and out.name == "stderr"]
 
 
 def inject_parameters(nb, params: dict) -> None:
@@ -112,6 +122,7 @@ def run_notebook(path, out_dir, smoke: bool = False, timeout: int = 600, kernel_
     except Exception as err:  # kernel death, timeout, missing kernel: report it like a cell error
         error = f"{type(err).__name__}: {err}"
     seconds = time.perf_counter() - start
+    stderr = stderr_outputs(nb)
     offline_views.add_static_fallbacks(nb)
     output = out_dir / path.name
     nbformat.write(nb, output)
@@ -123,7 +134,7 @@ def run_notebook(path, out_dir, smoke: bool = False, timeout: int = 600, kernel_
                                              mathjax_url=offline_views.local_mathjax_url(out_dir))
         except Exception as err:  # a page that cannot be written fails the run like a cell would
             error = error or f"HTML export failed: {type(err).__name__}: {err}"
-    return NotebookRun(path.name, seconds, output, error, page)
+    return NotebookRun(path.name, seconds, output, error, page, stderr)
 
 
 def _trust(nb) -> None:
@@ -152,6 +163,8 @@ def run_all(out_dir, smoke: bool = False, pattern: str = "*.ipynb", notebooks_di
         run = run_notebook(path, out_dir, smoke=smoke, timeout=timeout)
         runs.append(run)
         log(f"  {'ok' if run.ok else 'FAILED'} in {run.seconds:.1f} s -> {run.output}", flush=True)
+        for text in run.stderr:
+            log(f"  stderr output, {text.splitlines()[0][:160]}", flush=True)
         if not run.ok and stop_on_error:
             break
     offline_views.write_index(out_dir, [Path(r.name).stem for r in runs])
@@ -166,6 +179,8 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell")
     parser.add_argument("--notebooks", default=str(NOTEBOOKS_DIR), help="folder holding the notebooks")
     parser.add_argument("--stop-on-error", action="store_true", help="stop at the first failing notebook")
+    parser.add_argument("--fail-on-stderr", action="store_true",
+                        help="a notebook with any stderr output (a warning's red box) fails the run")
     args = parser.parse_args(argv)
     try:
         runs = run_all(args.out, smoke=args.smoke, pattern=args.pattern, notebooks_dir=args.notebooks,
@@ -178,7 +193,10 @@ def main(argv=None) -> int:
     failed = [r for r in runs if not r.ok]
     for run in failed:
         print(f"\nFAILED: {run.name} (executed copy: {run.output})\n{run.error}", file=sys.stderr)
-    return 1 if failed else 0
+    noisy = [r for r in runs if r.stderr] if args.fail_on_stderr else []
+    for run in noisy:
+        print(f"\nSTDERR OUTPUT: {run.name} (executed copy: {run.output})\n" + "\n".join(run.stderr), file=sys.stderr)
+    return 1 if failed or noisy else 0
 
 
 if __name__ == "__main__":

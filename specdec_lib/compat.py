@@ -1,0 +1,108 @@
+"""transformers' moving parts, in one module: every call whose spelling differs between 5.15 and the newest 5.x.
+
+The library supports transformers >= 5.15 (and torch >= 2.11). What moved inside that range, and how it is
+handled here (the rest of the library, the tests and the notebooks call these, never the moving names):
+
+- **The cache keyword of a forward.** Up to 5.23 a model's forward takes `past_key_values=cache`; from 5.24 it
+  takes `cache=cache` and warns (a FutureWarning, removal announced for 5.40) when given the old name.
+  `forward(model, cache=..., **inputs)` passes the cache under the name *this model's* forward declares (read
+  off its signature, so a model class that moves at another release is handled too).
+- **Rolling a cache back.** Before 5.15 `DynamicCache.crop(n)` kept n tokens; from 5.15 `crop(-n)` removes n
+  and a positive argument warns (later raises). `crop(cache, length)` keeps the first `length` tokens.
+- **Reading a forward from outside** (to count HF `generate`'s target forwards). Up to 5.23 `generate` passed
+  `cache_position=` and `past_key_values=`; 5.24 passes neither name. `find_cache` picks the cache out of a
+  forward's arguments by its type and `query_rows` the number of new rows from the input's shape, so nothing
+  depends on keyword names.
+- **HF's assisted generation at 5.15.** 5.15.0 and 5.15.1 crop the assistant's cache by a fixed count each round,
+  whatever it holds, and soon feed the assistant an empty input (a reshape error); 5.16 crops to the input's
+  length. `assisted_generation_problem()` says so, and the `hf_assisted` peer raises it instead of crashing
+  inside HF. Our own `draft_model` is unaffected.
+
+Simplifications: batch size 1 for `query_rows`; `crop` serves full-attention (DynamicLayer) caches.
+"""
+from __future__ import annotations
+
+import inspect
+from functools import lru_cache
+
+import torch
+
+OLD_CACHE_KEYWORD, NEW_CACHE_KEYWORD = "past_key_values", "cache"
+
+
+@lru_cache(maxsize=1)
+def transformers_version() -> tuple[int, int]:
+    """(major, minor) of the installed transformers, e.g. (5, 24)."""
+    import transformers
+
+    major, minor = transformers.__version__.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+@lru_cache(maxsize=None)
+def _keyword_of(forward_fn) -> str:
+    params = inspect.signature(forward_fn).parameters  # follows the decorators' __wrapped__
+    if NEW_CACHE_KEYWORD in params:
+        return NEW_CACHE_KEYWORD
+    if OLD_CACHE_KEYWORD in params:
+        return OLD_CACHE_KEYWORD
+    # a forward that takes **kwargs only: trust the release
+    return NEW_CACHE_KEYWORD if transformers_version() >= (5, 24) else OLD_CACHE_KEYWORD
+
+
+def cache_keyword(model) -> str:
+    """'cache' or 'past_key_values': the name under which `model`'s forward takes its KV cache."""
+    return _keyword_of(type(model).forward)
+
+
+def forward(model, cache=None, **inputs):
+    """`model(**inputs)` with `cache` passed under the keyword its forward declares; returns the model's output.
+
+    forward(target, input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits  # (1, 1, V)
+    """
+    if cache is not None:
+        inputs[cache_keyword(model)] = cache
+    return model(**inputs)
+
+
+def assisted_generation_problem() -> str | None:
+    """Why HF's `generate(assistant_model=...)` cannot run on the installed release, or None when it can."""
+    if transformers_version() == (5, 15):
+        return ("transformers 5.15's assisted generation crops the assistant's cache by a fixed count each round "
+                "and then feeds it an empty input (fixed in 5.16): upgrade to run hf_assisted, e.g. "
+                "pip install 'transformers>=5.16,<6' (our draft_model is the same method and runs on 5.15)")
+    return None
+
+
+def crop(cache, length: int) -> None:
+    """Keep the first `length` tokens of a cache that holds more (in place)."""
+    current = int(cache.get_seq_length())
+    if not 0 <= length <= current:
+        raise ValueError(f"cannot crop a cache of {current} tokens to {length}")
+    if length == current:
+        return
+    if transformers_version() >= (5, 15):
+        cache.crop(length - current)  # a negative count: remove (current - length) tokens
+    else:  # pragma: no cover - older transformers are outside the supported range
+        cache.crop(length)
+
+
+def find_cache(args: tuple, kwargs: dict):
+    """The KV cache among a forward's arguments (found by type, whatever its keyword), or None."""
+    from transformers.cache_utils import Cache
+
+    for value in (*kwargs.values(), *args):
+        if isinstance(value, Cache):
+            return value
+    return None
+
+
+def query_rows(args: tuple, kwargs: dict) -> int:
+    """How many new positions a forward feeds: the length of its input_ids (or inputs_embeds) along dim 1."""
+    for name in ("input_ids", "inputs_embeds"):
+        value = kwargs.get(name)
+        if isinstance(value, torch.Tensor):
+            return int(value.shape[1])
+    if args and isinstance(args[0], torch.Tensor):  # input_ids passed positionally
+        return int(args[0].shape[1])
+    raise ValueError("a forward without input_ids or inputs_embeds")
