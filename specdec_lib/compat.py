@@ -13,16 +13,18 @@ handled here (the rest of the library, the tests and the notebooks call these, n
   `cache_position=` and `past_key_values=`; 5.24 passes neither name. `find_cache` picks the cache out of a
   forward's arguments by its type and `query_rows` the number of new rows from the input's shape, so nothing
   depends on keyword names.
-- **HF's assisted generation at 5.15.** 5.15.0 and 5.15.1 crop the assistant's cache by a fixed count each round,
-  whatever it holds, and soon feed the assistant an empty input (a reshape error); 5.16 crops to the input's
-  length. `assisted_generation_problem()` says so, and the `hf_assisted` peer raises it instead of crashing
-  inside HF. Our own `draft_model` is unaffected.
+- **HF's assisted generation at 5.15.** 5.15.0 and 5.15.1 crop the assistant's cache by a fixed count each round
+  (the count that `crop(-n)` removes), whatever the cache holds, so after a rejected draft the assistant is soon
+  fed an empty input and fails with a reshape error; 5.16 crops to the length the new input needs.
+  `assisted_generation_fixed()` applies 5.16's rule to HF's `AssistedCandidateGenerator` for the duration of
+  the `hf_assisted` peer's call, on 5.15 only, so the peer measures HF's method there too.
 
 Simplifications: batch size 1 for `query_rows`; `crop` serves full-attention (DynamicLayer) caches.
 """
 from __future__ import annotations
 
 import inspect
+from contextlib import contextmanager
 from functools import lru_cache
 
 import torch
@@ -65,13 +67,35 @@ def forward(model, cache=None, **inputs):
     return model(**inputs)
 
 
-def assisted_generation_problem() -> str | None:
-    """Why HF's `generate(assistant_model=...)` cannot run on the installed release, or None when it can."""
-    if transformers_version() == (5, 15):
-        return ("transformers 5.15's assisted generation crops the assistant's cache by a fixed count each round "
-                "and then feeds it an empty input (fixed in 5.16): upgrade to run hf_assisted, e.g. "
-                "pip install 'transformers>=5.16,<6' (our draft_model is the same method and runs on 5.15)")
-    return None
+@contextmanager
+def assisted_generation_fixed():
+    """Within: HF's AssistedCandidateGenerator rolls the assistant's cache back as 5.16 does (5.15 only)."""
+    if transformers_version() != (5, 15):
+        yield
+        return
+    from transformers.generation import candidate_generator as hf
+
+    def update_past_and_masks(self, input_ids, remove_from_pkv: int = 0, num_added_tokens: int = 1) -> bool:
+        cache = self.assistant_kwargs.get("past_key_values")
+        if cache is None:
+            return False
+        # the assistant re-feeds the last `num_added_tokens` (+ removed) tokens of input_ids: keep what precedes
+        keep = input_ids.shape[-1] - 1 - remove_from_pkv - num_added_tokens
+        if cache.get_seq_length() > keep:
+            crop(cache, keep)
+        length, encoder_decoder = input_ids.shape[-1], self.assistant_model.config.is_encoder_decoder
+        self.assistant_kwargs = hf._prepare_attention_mask(self.assistant_kwargs, length, encoder_decoder)
+        self.assistant_kwargs = hf._prepare_position_ids(self.assistant_kwargs, length, encoder_decoder)
+        self.assistant_kwargs = hf._prepare_token_type_ids(self.assistant_kwargs, length)
+        return True
+
+    cls = hf.AssistedCandidateGenerator
+    original = cls.__dict__["_update_past_and_masks"]
+    cls._update_past_and_masks = update_past_and_masks
+    try:
+        yield
+    finally:
+        cls._update_past_and_masks = original
 
 
 def crop(cache, length: int) -> None:

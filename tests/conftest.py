@@ -76,30 +76,6 @@ def random_lm(kind: str = "llama", vocab: int = 97, layers: int = 2, hidden: int
     return model
 
 
-def skip_if_unsupported(method: str) -> None:
-    """Skip, saying why, a peer that HF cannot run on the installed transformers (hf_assisted on 5.15)."""
-    from specdec_lib import compat
-
-    if method == "hf_assisted" and compat.assisted_generation_problem():
-        pytest.skip(compat.assisted_generation_problem())
-
-
-@pytest.fixture(autouse=True)
-def _skip_methods_hf_cannot_run(request):
-    """Every test parametrized over `method` skips the peers HF cannot run on the installed transformers."""
-    callspec = getattr(request.node, "callspec", None)
-    method = callspec.params.get("method") if callspec else None
-    if isinstance(method, str):
-        skip_if_unsupported(method)
-
-
-def supported(methods) -> list[str]:
-    """`methods` less the peers HF cannot run on the installed transformers."""
-    from specdec_lib import compat
-
-    return [m for m in methods if not (m == "hf_assisted" and compat.assisted_generation_problem())]
-
-
 def all_match_hf(table, column: str = "all_match_hf", key: str = "method") -> bool:
     """Every row but hf's reproduced hf's tokens, and hf's own rows are not compared with themselves (None)."""
     reference = table[key] == "hf"

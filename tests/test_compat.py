@@ -123,15 +123,17 @@ def test_hf_peers_accept_lengths_match_independent_counts(pair, method):
         assert result.accept_lengths == [1] * n and result.mean_accepted == 1.0
 
 
-def test_hf_assisted_runs_or_says_why_not(pair):
-    """HF's assisted generation is broken at 5.15 (a fixed crop of the assistant's cache): a clear error there."""
-    target, draft = pair
-    if compat.transformers_version() == (5, 15):
-        with pytest.raises(RuntimeError, match="transformers>=5.16"):
-            generate("hf_assisted", target, repeating_prompt(12, 5), 4, draft=draft)
-    else:
-        assert compat.assisted_generation_problem() is None
-        assert len(generate("hf_assisted", target, repeating_prompt(12, 5), 4, draft=draft).new_tokens) == 4
+def test_assisted_generation_fix_applies_at_5_15_only_and_is_undone():
+    """5.15's AssistedCandidateGenerator crops the assistant's cache by a fixed count (HF's bug, fixed in 5.16):
+    within `assisted_generation_fixed` it follows 5.16's rule, on 5.15 only; outside, HF's own method is back.
+    (test_hf_peers_accept_lengths_match_independent_counts[hf_assisted] hits the bug without the fix.)"""
+    from transformers.generation.candidate_generator import AssistedCandidateGenerator as generator
+
+    before = generator.__dict__["_update_past_and_masks"]
+    with compat.assisted_generation_fixed():
+        inside = generator.__dict__["_update_past_and_masks"]
+    assert generator.__dict__["_update_past_and_masks"] is before
+    assert (inside is not before) == (compat.transformers_version() == (5, 15))
 
 
 def test_forward_counter_sees_a_prefill_then_one_row_per_step(pair):

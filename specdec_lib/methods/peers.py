@@ -103,9 +103,6 @@ def hf_prompt_lookup(req: Request, num_tokens: int = 10, max_ngram: int = 2) -> 
 def hf_assisted(req: Request, gamma: int = 5) -> GenerationResult:
     """Hugging Face assisted generation (`assistant_model`) with a constant draft length gamma."""
     check_int("gamma", gamma, 1)
-    problem = compat.assisted_generation_problem()
-    if problem:
-        raise RuntimeError(problem)
     # HF reads the draft length from the *assistant's* generation config; set it for this call only.
     draft_config = req.draft.generation_config
     saved = copy.deepcopy(draft_config)
@@ -117,7 +114,7 @@ def hf_assisted(req: Request, gamma: int = 5) -> GenerationResult:
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # HF's inner assistant call warns about its own arguments
     try:
-        with ForwardCounter(req.draft) as drafts:
+        with ForwardCounter(req.draft) as drafts, compat.assisted_generation_fixed():  # 5.15's crop bug
             result = _run_hf(req, assistant=req.draft)
     finally:
         req.draft.generation_config = saved
