@@ -13,7 +13,7 @@ LOCK := requirements/lock.txt
 PIP_LOCKED = -m pip install -q -c $(LOCK)
 
 .PHONY: env workbook test lab models bench bench-readme bench-layout clean-figures lock test-latest test-oldest \
-	test-drift
+	test-drift gpu-report gpu-report-dry
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,14 @@ bench-readme: $(STAMP)
 
 bench-layout: $(STAMP)
 	$(BIN)/python -m specdec_lib.bench.flex_layout
+
+# The GPU half (README "GPU"): every step on the CUDA device it finds, into figures/gpu/<device>/; gpu-report-dry is
+# the CPU rehearsal CI runs (tests/test_gpu_report.py).
+gpu-report: $(STAMP)
+	$(BIN)/python -m specdec_lib.tools.gpu_report --out figures/gpu
+
+gpu-report-dry: $(STAMP)
+	$(BIN)/python -m specdec_lib.tools.gpu_report --dry --out figures/gpu
 
 # ---- versions: the lock, and the drift check at both ends of the supported range --------------------------------
 # `make lock`: a fresh environment with the newest versions pyproject.toml allows (every extra), frozen into $(LOCK).

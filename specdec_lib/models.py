@@ -5,7 +5,11 @@ vocabulary differs from the target's is refused here, once, with both sizes in t
 speculative method compares draft tokens with target tokens id by id.
 
 `load_models("auto")` is what the notebooks default to: on a GPU the small hub pair `HUB_PAIR` (one vocabulary),
-on a CPU or when the hub is out of reach the tiny pair; it prints which one it took and why.
+on a CPU or when the hub is out of reach the tiny pair; it prints which one it took, its device and dtype, and why.
+
+dtype "auto" goes by what the device computes natively, not by what torch accepts: float32 on a CPU (greedy
+parity checks stay exact), bfloat16 on a GPU of compute capability 8.0 or newer (Ampere, Hopper), float16 below
+(Colab's free T4 is sm_75: `torch.cuda.is_bf16_supported()` answers True there too, but by emulation, slowly).
 
 Simplifications: batch size 1 everywhere; the tokenizer is the target's.
 """
@@ -32,6 +36,7 @@ class ModelPair:
     device: torch.device
     name: str = "tiny"
     spec: object = "tiny"  # what load_models loaded ("tiny" or (target, draft)): "auto" resolved, to load it again
+    choices: dict = None  # {"device": why, "dtype": why}: what load_models chose for "auto" settings, and why
 
     def encode(self, text: str) -> torch.Tensor:
         """Token ids of `text` as a (1, P) tensor on the pair's device."""
@@ -51,17 +56,46 @@ def resolve_device(device="auto") -> torch.device:
     return device
 
 
+def gpu_name(device: torch.device) -> str:
+    """'NVIDIA H100 80GB HBM3 (sm_90)': the GPU's name and compute capability."""
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{torch.cuda.get_device_name(device)} (sm_{major}{minor})"
+
+
+def auto_dtype(device: torch.device) -> tuple[torch.dtype, str]:
+    """The dtype "auto" picks on `device`, and why (see the module doc)."""
+    if device.type != "cuda":
+        return torch.float32, (f"float32: on a {device.type.upper()} greedy parity with HF stays exact, and half "
+                               f"types gain little")
+    major, _ = torch.cuda.get_device_capability(device)
+    if major >= 8:
+        return torch.bfloat16, f"bfloat16: native on {gpu_name(device)}"
+    return torch.float16, (f"float16: {gpu_name(device)} has no native bfloat16 (torch emulates it, slowly), "
+                           f"float16 is its tensor-core type")
+
+
 def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
     if dtype == "auto":
-        # float32 on CPU keeps greedy parity checks exact; bf16 is the natural GPU type when supported.
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.float32
+        return auto_dtype(device)[0]
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype, None)
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be 'auto', a torch.dtype or its name, got {dtype!r}")
     return dtype
+
+
+def describe_choices(device_spec, dtype_spec, device: torch.device) -> dict:
+    """{"device": why, "dtype": why} for the settings load_models resolved ("auto" ones explained)."""
+    where = gpu_name(device) if device.type == "cuda" else "the CPU"
+    if device_spec == "auto":
+        why_device = f"{device}: {where}" + ("" if device.type == "cuda" else " (no CUDA GPU visible)")
+    else:
+        why_device = f"{device}: asked for ({where})"
+    if dtype_spec == "auto":
+        why_dtype = auto_dtype(device)[1]  # "float16: ..."
+    else:
+        why_dtype = f"{str(resolve_dtype(dtype_spec, device)).removeprefix('torch.')}: asked for"
+    return {"device": why_device, "dtype": why_dtype}
 
 
 def cpu_model_name() -> str:
@@ -147,6 +181,7 @@ def load_models(spec="tiny", device="auto", dtype="auto") -> ModelPair:
 
     if spec == "auto":
         return _load_auto(device, dtype)
+    device_spec, dtype_spec = device, dtype
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     if spec == "tiny":
@@ -168,20 +203,26 @@ def load_models(spec="tiny", device="auto", dtype="auto") -> ModelPair:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return ModelPair(target=target, draft=draft, tokenizer=tokenizer, device=device, name=name,
-                     spec=spec if spec == "tiny" else (target_src, draft_src))
+                     spec=spec if spec == "tiny" else (target_src, draft_src),
+                     choices=describe_choices(device_spec, dtype_spec, device))
 
 
 def _load_auto(device, dtype) -> ModelPair:
-    """The hub pair on a GPU, else the tiny pair, saying which (notebooks run the same cells on either)."""
+    """The hub pair on a GPU, else the tiny pair, saying which, on what device and dtype, and why (notebooks run
+    the same cells on either)."""
     resolved = resolve_device(device)
+    settings = dict(device=resolved, dtype=resolve_dtype(dtype, resolved))
     if resolved.type != "cuda":
-        print(f"MODELS='auto': the shipped tiny pair (device {resolved.type}: the hub pair {HUB_PAIR} is for GPUs)")
-        return load_models("tiny", device=resolved, dtype=dtype)
-    try:
-        pair = load_models(HUB_PAIR, device=resolved, dtype=dtype)
-    except (ValueError, OSError) as err:  # offline, or the hub refused: the tiny pair runs everywhere
-        print(f"MODELS='auto': the shipped tiny pair (the hub pair {HUB_PAIR} could not be loaded: "
-              f"{str(err).splitlines()[0][:200]})")
-        return load_models("tiny", device=resolved, dtype=dtype)
-    print(f"MODELS='auto': the hub pair target={HUB_PAIR[0]}, draft={HUB_PAIR[1]} on {resolved}")
+        which = f"the shipped tiny pair (no GPU: the hub pair {HUB_PAIR} is for GPUs)"
+        pair = load_models("tiny", **settings)
+    else:
+        try:
+            pair = load_models(HUB_PAIR, **settings)
+            which = f"the hub pair target={HUB_PAIR[0]}, draft={HUB_PAIR[1]}"
+        except (ValueError, OSError) as err:  # offline, or the hub refused: the tiny pair runs everywhere
+            which = (f"the shipped tiny pair (the hub pair {HUB_PAIR} could not be loaded: "
+                     f"{str(err).splitlines()[0][:200]})")
+            pair = load_models("tiny", **settings)
+    pair.choices = describe_choices(device, dtype, resolved)
+    print(f"MODELS='auto': {which}\n  device {pair.choices['device']}\n  dtype {pair.choices['dtype']}")
     return pair

@@ -286,3 +286,34 @@ def test_benchmark_counts_the_blocks_each_case_loads():
     fragmented = rows["(b) fragmented"]["kv_blocks"]  # 8 pages of 16 scattered over 16 blocks, + the rows' own
     assert fragmented == rows["(d) rebuild"]["kv_blocks"] and rows["(a) layout"]["kv_blocks"] < fragmented <= 9
     assert all(r["ms"] > 0 for r in rows.values())
+
+
+def test_auto_attention_falls_back_to_dense_where_compiled_flex_fails(monkeypatch):
+    """On a GPU "auto" takes compiled flex only where it compiles and runs for the model's shapes (probed once);
+    a T4's shared memory, say, refuses Triton's kernel: then dense, saying why. The probe is faked here."""
+    from specdec_lib.mechanisms import flex_backend
+
+    assert flex_backend.choose_attention("cpu", torch.float32, 8, 2, 64)[0] == "dense"
+    probes = []
+
+    def fake_probe(device, dtype, heads, kv_heads, head_dim):
+        probes.append((dtype, head_dim))
+        return None if dtype == torch.bfloat16 else "OutOfResources: out of resource: shared memory"
+
+    monkeypatch.setattr(flex_backend, "_probe_compiled_flex", fake_probe)
+    monkeypatch.setattr(flex_backend, "_PROBED", {})
+    mode, why = flex_backend.choose_attention("cuda", torch.float16, 8, 2, 64)
+    assert mode == "dense" and "shared memory" in why
+    assert flex_backend.choose_attention("cuda", torch.float16, 8, 2, 64)[0] == "dense"
+    assert flex_backend.choose_attention("cuda", torch.bfloat16, 8, 2, 64)[0] == "compiled"
+    assert probes == [(torch.float16, 64), (torch.bfloat16, 64)], "each device/dtype/shape is probed once"
+
+
+def test_the_compiled_flex_probe_reports_a_failure_instead_of_raising():
+    """The real probe on a device it cannot run on (a CPU tensor asked for on a missing GPU) returns why."""
+    from specdec_lib.mechanisms import flex_backend
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the probe would succeed")
+    why = flex_backend._probe_compiled_flex(torch.device("cuda"), torch.float16, 4, 2, 32)
+    assert isinstance(why, str) and why

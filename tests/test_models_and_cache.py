@@ -101,7 +101,10 @@ def test_rollback_equals_recompute():
 def test_auto_takes_the_tiny_pair_on_a_cpu_and_says_so(capsys):
     pair = load_models("auto", device="cpu")
     assert pair.name == "tiny" and pair.device.type == "cpu"
-    assert "MODELS='auto': the shipped tiny pair" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "MODELS='auto': the shipped tiny pair" in out
+    assert "device cpu: asked for" in out and "dtype float32: on a CPU" in out
+    assert pair.target.dtype == torch.float32
 
 
 def test_auto_on_a_gpu_falls_back_to_tiny_offline(monkeypatch, capsys):
@@ -111,7 +114,31 @@ def test_auto_on_a_gpu_falls_back_to_tiny_offline(monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     # the GPU branch without a GPU: "auto" resolves to cuda, every later placement stays on the CPU
     monkeypatch.setattr(models, "resolve_device", lambda d: torch.device("cuda" if d == "auto" else "cpu"))
+    # ... and Colab's free GPU: a T4, compute capability 7.5
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
     pair = load_models("auto")
     assert pair.name == "tiny"
     out = capsys.readouterr().out
     assert "could not be loaded" in out and models.HUB_PAIR[0] in out
+    assert "device cuda: Tesla T4 (sm_75)" in out and "dtype float16: Tesla T4 (sm_75) has no native bfloat16" in out
+    assert pair.target.dtype == torch.float16
+
+
+@pytest.mark.parametrize("capability, name, expected", [((7, 5), "Tesla T4", torch.float16),
+                                                         ((7, 0), "Tesla V100", torch.float16),
+                                                         ((8, 0), "NVIDIA A100", torch.bfloat16),
+                                                         ((9, 0), "NVIDIA H100", torch.bfloat16)])
+def test_auto_dtype_goes_by_native_support_not_by_is_bf16_supported(monkeypatch, capability, name, expected):
+    """torch.cuda.is_bf16_supported() is True on a T4 too (emulated): "auto" reads the compute capability."""
+    from specdec_lib.models import auto_dtype, resolve_dtype
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    cuda = torch.device("cuda")
+    dtype, why = auto_dtype(cuda)
+    assert dtype == expected and resolve_dtype("auto", cuda) == expected
+    assert f"{name} (sm_{capability[0]}{capability[1]})" in why
+    assert resolve_dtype("float32", cuda) == torch.float32  # an explicit dtype is kept
+    assert auto_dtype(torch.device("cpu"))[0] == torch.float32

@@ -3,6 +3,9 @@
 - `block_mask_from_tables`: a BlockMask built from block tables (`BlockMask.from_kv_blocks`), never from a grid;
 - `block_table(block_mask)`: which KV blocks each query block loads, for drawing and checks;
 - `flex(...)`: flex_attention eager or compiled (`ATTENTION_MODES` says what each mode does);
+- `choose_attention(...)`: the mode "auto" takes on a device, and why: compiled flex on a GPU where it compiles
+  and runs for the model's shapes and dtype (probed once: Triton's kernels can exceed a small GPU's shared memory,
+  a T4's for instance), else the dense mode, saying why;
 - `layout_attention`: the attention function transformers calls for a model `attach`ed to the store (registered
   with `AttentionInterface` as ATTENTION_NAME; it finds the store through the BlockMask it is given).
 
@@ -78,6 +81,46 @@ def flex(query, key, value, block_mask, scale=None, compiled=False):
             _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
         fn = _COMPILED_FLEX
     return fn(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=query.shape[1] != key.shape[1])
+
+
+_PROBED: dict[tuple, str | None] = {}
+
+
+def compiled_flex_problem(device, dtype, heads: int, kv_heads: int, head_dim: int) -> str | None:
+    """None when compiled flex_attention runs on this GPU for these shapes, else why it does not (probed once per
+    device, dtype and shape: one compile and one call on zeros)."""
+    key = (str(device), dtype, heads, kv_heads, head_dim)
+    if key not in _PROBED:
+        _PROBED[key] = _probe_compiled_flex(torch.device(device), dtype, heads, kv_heads, head_dim)
+    return _PROBED[key]
+
+
+def _probe_compiled_flex(device, dtype, heads, kv_heads, head_dim) -> str | None:
+    try:
+        import triton  # noqa: F401  (inductor's GPU kernels are Triton kernels)
+    except ImportError:
+        return "compiled FlexAttention on a GPU needs triton, which is not installed"
+    try:
+        query = torch.zeros(1, heads, 16, head_dim, dtype=dtype, device=device)  # (1, heads, rows, dim)
+        key = torch.zeros(1, kv_heads, 128, head_dim, dtype=dtype, device=device)  # (1, kv_heads, keys, dim)
+        flex(query, key, key, None, compiled=True)
+        torch.cuda.synchronize(device)
+    except Exception as err:  # Triton's OutOfResources, an unsupported dtype or architecture, a compile error
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        return (f"compiled flex_attention failed here for {dtype} and head_dim {head_dim} "
+                f"({type(err).__name__}: {first})")
+    return None
+
+
+def choose_attention(device, dtype, heads: int, kv_heads: int, head_dim: int) -> tuple[str, str]:
+    """(mode, why) for attention="auto": "dense" on a CPU, "compiled" on a GPU where it runs, else "dense"."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "dense", "dense on a CPU: sdpa under a rendered mask is exact and faster there than compiled flex"
+    problem = compiled_flex_problem(device, dtype, heads, kv_heads, head_dim)
+    if problem:
+        return "dense", f"dense, since {problem}"
+    return "compiled", "compiled flex_attention: block-sparse, loads only the listed KV blocks"
 
 
 def layout_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

@@ -16,7 +16,8 @@ Keys are stored rotated at their logical positions, so moving an entry between s
 One forward: `mask = store.prepare(positions, sees, compressed_rows)`, then
 `compat.forward(model, input_ids=ids, position_ids=..., cache=store, attention_mask=mask)`. `sees` (R, R) says
 which rows of the forward each row sees (causal for a prompt, ancestors for a tree, a stream for fumble rows); a
-row flagged in `compressed_rows` sees the committed entries in the fixed region only, the others see every committed entry.
+row flagged in `compressed_rows` sees the committed entries in the fixed region only, the others see every
+committed entry.
 The mask_mod is composed from the pure pieces below; the BlockMask is built ONCE per row count R
 (`BlockMask.from_kv_blocks`, no `create_block_mask`): each step writes a few block counts and indices in place
 and the tensors the mask_mod reads (base, compressed), so compiled flex never recompiles. A query block whose
@@ -42,7 +43,8 @@ from .. import compat
 from ..checks import check_int
 from . import masks
 from .compression import CacheView, Compression, StreamingLLM
-from .flex_backend import ATTENTION_MODES, ATTENTION_NAME, attach, block_mask_from_tables, block_table, flex
+from .flex_backend import (ATTENTION_MODES, ATTENTION_NAME, attach, block_mask_from_tables, block_table,
+                           choose_attention, flex)
 
 __all__ = ["ATTENTION_MODES", "ATTENTION_NAME", "BLOCK", "CacheView", "FlexLayoutStore", "LayoutSnapshot", "attach",
            "below", "block_table", "flex", "greedy_through_store", "own_rows", "rows_where"]
@@ -101,7 +103,8 @@ class FlexLayoutStore(Cache):
     model: the model the store serves (or its config, with `dtype` and `device`: kernel benchmarks need no
     weights); capacity: slots per layer (a multiple of `block`); compression: C (StreamingLLM() by default); block: KV
     block size of the BlockMask (128, FlexAttention's default); q_block: query block size; attention: how the
-    attention function runs the mask (see `ATTENTION_MODES`; "auto": "compiled" on a GPU, "dense" on a CPU)."""
+    attention function runs the mask (see `ATTENTION_MODES`; "auto": "compiled" on a GPU where compiled flex runs
+    for this model, else "dense"; `attention_reason` says why, and a fallback on a GPU is printed)."""
 
     def __init__(self, model, capacity: int, compression: Compression | None = None, block: int = BLOCK,
                  q_block: int = 128, attention: str = "auto", dtype=None, device=None):
@@ -132,8 +135,11 @@ class FlexLayoutStore(Cache):
         self.slot_pos = torch.full((capacity,), -1, dtype=torch.long, device=device)
         self.queries = (torch.zeros(self.layers_n, heads, head_dim, dtype=dtype, device=device)
                         if self.compression.needs_queries else None)
+        self.attention_reason = "asked for"
         if attention == "auto":
-            attention = "compiled" if device.type == "cuda" else "dense"
+            attention, self.attention_reason = choose_attention(device, dtype, heads, kv_heads, head_dim)
+            if device.type == "cuda" and attention != "compiled":
+                print(f"FlexLayoutStore: {self.attention_reason}")
         if attention not in ATTENTION_MODES:
             raise ValueError(f"attention must be 'auto' or one of {sorted(ATTENTION_MODES)}, got {attention!r}")
         self.capacity, self.block, self.q_block, self.attention = capacity, block, q_block, attention

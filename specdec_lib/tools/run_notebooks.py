@@ -97,7 +97,7 @@ def _poll_shell_in_slices(client, slice_s: float = 0.5) -> None:
 
 
 def run_notebook(path, out_dir, smoke: bool = False, timeout: int = 600, kernel_name: str = "python3",
-                 html: bool = True) -> NotebookRun:
+                 html: bool = True, params: dict | None = None) -> NotebookRun:
     """Execute one notebook into `out_dir/<name>.ipynb` (and `<name>.html` when `html`); never raises on a cell
     error (see `.error`)."""
     from nbclient import NotebookClient
@@ -106,10 +106,10 @@ def run_notebook(path, out_dir, smoke: bool = False, timeout: int = 600, kernel_
     path, out_dir = Path(path), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     nb = nbformat.read(path, as_version=4)
-    params = {"FIGURES_DIR": str((out_dir / path.stem).resolve())}
+    settings = {"FIGURES_DIR": str((out_dir / path.stem).resolve()), **(params or {})}
     if smoke:
-        params["SMOKE"] = True
-    inject_parameters(nb, params)
+        settings["SMOKE"] = True
+    inject_parameters(nb, settings)
     client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name,
                             resources={"metadata": {"path": str(path.parent)}})
     client.on_notebook_start = lambda notebook: _poll_shell_in_slices(client)
@@ -152,15 +152,17 @@ def find_notebooks(notebooks_dir=NOTEBOOKS_DIR, pattern: str = "*.ipynb") -> lis
 
 
 def run_all(out_dir, smoke: bool = False, pattern: str = "*.ipynb", notebooks_dir=NOTEBOOKS_DIR,
-            timeout: int = 600, stop_on_error: bool = False, log=print) -> list[NotebookRun]:
-    """Execute every notebook matching `pattern` into `out_dir`, then write `out_dir/index.html`."""
+            timeout: int = 600, stop_on_error: bool = False, log=print, params: dict | None = None
+            ) -> list[NotebookRun]:
+    """Execute every notebook matching `pattern` into `out_dir` (`params`: more settings injected after the
+    parameters cell, e.g. {"MODELS": "tiny"}), then write `out_dir/index.html`."""
     paths = find_notebooks(notebooks_dir, pattern)
     if not paths:
         raise FileNotFoundError(f"no notebooks matching {pattern!r} under {notebooks_dir}")
     runs = []
     for path in paths:
         log(f"running {path.name}{' (smoke)' if smoke else ''} ...", flush=True)
-        run = run_notebook(path, out_dir, smoke=smoke, timeout=timeout)
+        run = run_notebook(path, out_dir, smoke=smoke, timeout=timeout, params=params)
         runs.append(run)
         log(f"  {'ok' if run.ok else 'FAILED'} in {run.seconds:.1f} s -> {run.output}", flush=True)
         for text in run.stderr:

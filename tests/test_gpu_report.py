@@ -1,0 +1,81 @@
+"""`python -m specdec_lib.tools.gpu_report`: its dry mode (the CPU rehearsal CI runs) goes through every step with
+bf16 models on the CPU and writes the report; on a CPU without --dry it refuses, saying why."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from specdec_lib.tools import gpu_report
+
+
+@pytest.fixture(scope="module")
+def dry_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu")
+    return out, gpu_report.run_report(out, dry=True)
+
+
+def test_dry_report_runs_every_step_and_writes_the_summary(dry_report):
+    out, summary = dry_report
+    folder = out / "cpu-dry"
+    assert [s["step"] for s in summary["steps"]] == list(gpu_report.STEPS)
+    assert all(s["status"] == "ok" for s in summary["steps"]), summary["steps"]
+    assert summary["dtype"] == "bfloat16" and summary["dry"] is True
+    assert json.loads((folder / "summary.json").read_text()) == summary
+    page = (folder / "summary.md").read_text()
+    assert page.startswith("# GPU report: CPU (dry run)") and "| bench | ok |" in page
+    assert (folder / "notebooks" / "index.html").exists()
+
+
+def test_dry_bench_runs_every_method_in_bfloat16_with_sane_peers(dry_report):
+    out, _ = dry_report
+    bench = pd.read_csv(out / "cpu-dry" / "bench.csv")
+    assert list(bench.method) == gpu_report.BENCH_METHODS
+    hf = bench.set_index("method").loc["hf"]
+    assert hf.mat == 1.0 and hf.speedup == 1.0
+    assert (bench.mat >= 1.0).all() and (bench.target_forwards > 0).all()
+    runs = pd.read_csv(out / "cpu-dry" / "bench_code_runs.csv")
+    assert (runs.new_tokens == gpu_report.DRY["tokens"]).all()
+
+
+def test_dry_choices_layout_and_hub_shapes(dry_report):
+    out, _ = dry_report
+    folder = out / "cpu-dry"
+    choices = pd.read_csv(folder / "choices.csv").set_index("setting")
+    assert choices.loc["dtype auto", "value"] == "float32" and choices.loc["dtype used here", "value"] == "bfloat16"
+    assert choices.loc["FAFO attention auto", "value"] == "dense"
+    layout = pd.read_csv(folder / "flex_layout.csv")
+    assert {"(a) layout", "(c) full"} <= set(layout.case) and (layout.dtype == "bfloat16").all()
+    curves = pd.read_csv(folder / "hub_shapes.csv")
+    assert set(curves.model) == set(gpu_report.HUB_SHAPES)
+    assert (curves.median_ms > 0).all() and sorted(set(curves.rows)) == list(gpu_report.DRY["rows"])
+
+
+def test_hub_shapes_scale_down_keeping_head_counts():
+    full = gpu_report.HUB_SHAPES["qwen2.5-1.5b-shape"]
+    assert gpu_report.scaled_shape(full, 1) == full
+    small = gpu_report.scaled_shape(full, 16)
+    assert small["num_attention_heads"] == 12 and small["num_key_value_heads"] == 2
+    assert small["hidden_size"] % small["num_attention_heads"] == 0 and small["hidden_size"] < full["hidden_size"]
+
+
+def test_a_full_report_needs_a_gpu(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        gpu_report.run_report(tmp_path)
+    assert not any(tmp_path.iterdir()), "nothing is written before the device is checked"
+
+
+def test_unknown_steps_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        gpu_report.main(["--dry", "--steps", "choices,nope", "--out", str(tmp_path)])
+    assert "unknown steps ['nope']" in capsys.readouterr().err
+
+
+def test_device_slug_names_the_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    assert gpu_report.device_slug(torch.device("cuda"), dry=False) == "nvidia-h100-80gb-hbm3"
+    assert gpu_report.device_slug(torch.device("cpu"), dry=True) == "cpu-dry"
