@@ -209,16 +209,17 @@ def main(argv=None) -> pd.DataFrame:
     parser.add_argument("--kv-heads", type=int, default=32)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--block", type=int, default=fl.BLOCK)
-    parser.add_argument("--dtype", default="auto", help="float32 on CPU, bfloat16 on a GPU by default")
+    parser.add_argument("--dtype", default="auto", help="auto: float32 on CPU, bf16 or fp16 on a GPU by capability")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--no-model", action="store_true", help="skip the tiny target's decode step")
     parser.add_argument("--out", default=None, help="CSV path (default data/results/flex_layout_<machine>.csv)")
     args = parser.parse_args(argv)
     from .harness import machine_info
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = (torch.bfloat16 if device.type == "cuda" else torch.float32) if args.dtype == "auto" \
-        else getattr(torch, args.dtype)
+    from ..models import resolve_device, resolve_dtype
+
+    device = resolve_device("auto")
+    dtype = resolve_dtype(args.dtype, device)  # "auto": by capability (bf16 from sm_80, fp16 below, fp32 on CPU)
     info = machine_info()
     if device.type == "cuda":
         info["device"] = torch.cuda.get_device_name(device)
