@@ -201,7 +201,8 @@ def test_a_worker_exception_reaches_the_caller(models, monkeypatch):
 @pytest.mark.parametrize("settings, exc", [
     (dict(width=0), ValueError), (dict(width=True), TypeError), (dict(ratio=0), ValueError),
     (dict(ratio=2.0), TypeError), (dict(max_depth=0), ValueError), (dict(mode="async"), ValueError),
-    (dict(correction=0), TypeError), (dict(correction=False, mode="thread"), ValueError)])
+    (dict(correction=0), TypeError), (dict(correction=False, mode="thread"), ValueError),
+    (dict(mode="thread", draft_device="cuda"), ValueError), (dict(draft_device="cpu"), ValueError)])
 def test_bad_settings_raise(models, settings, exc):
     target, draft, ids = models
     with pytest.raises(exc):
@@ -288,7 +289,7 @@ def test_process_mode_sampling_matches_the_target_distribution():
 
 def test_process_mode_refuses_a_draft_off_the_cpu(models):
     _, draft, ids = models
-    with pytest.raises(ValueError, match="mode='thread'"):
+    with pytest.raises(ValueError, match="draft_device='cpu'"):
         DrafterProcess(random_lm("qwen2", seed=1, layers=1).to("meta"), 2, ids, 4, share_logits=False)
 
 
@@ -329,3 +330,16 @@ def test_card_explorer_runs_every_mode_and_redraws(tiny_pair):
     controls["IntSlider:width K"].value = 5
     box.update()
     assert "K=5" in box.state["figure"].layout.title.text and not drafter_threads()
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_drafter_on_the_cpu_beside_the_target(models, mode):
+    """draft_device='cpu' (the drafter beside a GPU target): same tokens; a draft already on the CPU is used as
+    it is, a draft elsewhere is copied once (float32) and the copy reused."""
+    target, draft, ids = models
+    assert card_module.draft_on(draft, "cpu") is draft and card_module.draft_on(draft, None) is draft
+    reference = generate("hf", target, ids, 30).new_tokens
+    result, error = in_time(lambda: generate("card", target, ids, 30, draft=draft, mode=mode, draft_device="cpu"))
+    assert error is None, error
+    assert result.new_tokens == reference and result.stats["card_draft_device"] == "cpu"
+    assert result.stats["draft_layers"] > 0 and not drafter_threads()

@@ -24,8 +24,9 @@ target's 4-row forward 7.0 ms alone, 13.3 ms beside a drafter thread, 7.2 ms bes
   that died without a word is detected by the parent. The child ignores SIGINT (Ctrl-C in Jupyter): the parent
   handles it and its `close()` stops the child, then terminates it if it does not stop.
 
-Simplifications: `fork` start method (Linux; the draft model is inherited, not copied or pickled), CPU only
-(CUDA cannot be used in a forked child; on a GPU use card's thread mode, where kernels run asynchronously),
+Simplifications: `fork` start method (Linux; the draft model is inherited, not copied or pickled), a CPU draft
+only (CUDA cannot be used in a forked child; beside a GPU target, card's `draft_device="cpu"` hands this class a
+CPU copy of the draft, and the child never touches CUDA, as a DataLoader worker forked from a CUDA process),
 a fresh process per generate call (about 10-50 ms), busy intervals from `time.perf_counter` (CLOCK_MONOTONIC
 on Linux: one clock for both processes).
 """
@@ -129,7 +130,7 @@ class DrafterProcess:
         device = next(draft.parameters()).device
         if device.type != "cpu":
             raise ValueError(f"card mode='process' runs the draft in a forked CPU process; the draft is on {device}"
-                             " (CUDA cannot be used after fork): use mode='thread' on a GPU")
+                             " (CUDA cannot be used after fork): pass draft_device='cpu', or use mode='thread'")
         if "fork" not in multiprocessing.get_all_start_methods():
             raise RuntimeError("card mode='process' needs the 'fork' start method (Linux); use mode='thread'")
         vocab = draft.get_output_embeddings().weight.shape[0]

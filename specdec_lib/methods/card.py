@@ -38,7 +38,17 @@ the target descends from the node that spells the committed text (`anchor`), and
 left the tree (a miss) it has nothing to verify but its own next token until the drafter, at max_depth with
 nothing left to draft, restarts from the committed text.
 
-Draft budget (issue 14): `query` caps the chain the target verifies per step (None: max_depth - 1, as above);
+A GPU target (`draft_device`): the paper's second GPU is, on one machine with one GPU, either the same GPU on a
+second CUDA stream or the CPU cores beside it.
+- thread mode with the draft on CUDA: the worker issues every draft kernel on its own CUDA stream (the target's
+  verify runs on the default stream), and synchronises that stream after each forward, so a layer is complete
+  before the target can query it and the draft's busy interval is the GPU's;
+- `draft_device="cpu"`: the drafter works on a float32 copy of the draft on the CPU (made once per draft model),
+  in thread mode or in process mode (a forked child that never touches CUDA, as a DataLoader worker); the
+  target keeps the CPU threads it had, since a GPU target needs few of them, and the drafter gets the rest (one
+  at least); a sampled chain's q rows travel to the target's device.
+
+Draft budget: `query` caps the chain the target verifies per step (None: max_depth - 1, as above);
 `query="auto"` picks it each step like draft_model's gamma="auto" (mechanisms/budget.ChainBudget: per-depth
 acceptance against this machine's cost curve; drafting counts as free, since the drafter works whether or not
 the target reads its deeper layers, and a shorter query keeps them: a fully accepted chain's bonus still hits the
@@ -52,14 +62,17 @@ start/end of each draft forward and of each target step = propose's return to ob
 overlap figure (bench/timeline.py); thread mode also counts the layers discarded by a correction.
 
 Simplifications: the paper's two processes on two GPUs are two processes on one CPU, or one process (threads,
-or none); the target
+or none), or a GPU target beside a CPU drafter or a second stream; the target
 verifies one chain (no tree attention on the target side, as the paper); scores use the draft's raw
 probabilities; the drafter stops at `max_depth` layers ahead of the root.
 """
 from __future__ import annotations
 
+import copy
 import threading
 import time
+import weakref
+from contextlib import nullcontext
 
 import torch
 
@@ -73,6 +86,17 @@ from ..mechanisms.draft_tree import ROOT, DraftTree
 WORKER_NAME = "card-drafter"
 MODES = ("sync", "thread", "process")
 WAIT_S = 120.0  # the longest propose waits for the drafter / finish waits for the worker to stop
+DRAFT_DEVICES = (None, "cpu")
+_DRAFT_COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # draft -> its CPU copy
+
+
+def draft_on(draft, device: str | None):
+    """The draft itself (device None, or already there), else its float32 copy on `device`, made once per draft."""
+    if device is None or next(draft.parameters()).device.type == device:
+        return draft
+    if draft not in _DRAFT_COPIES:
+        _DRAFT_COPIES[draft] = copy.deepcopy(draft).to(device=device, dtype=torch.float32).eval()
+    return _DRAFT_COPIES[draft]
 
 
 @register_proposer("card", needs_draft=True)
@@ -80,7 +104,14 @@ class Card(Proposer):
     """CARD (query-and-correct): a width-K draft tree grown in parallel, one chain verified per step."""
 
     def __init__(self, width: int = 8, ratio: int = 2, mode: str = "sync", max_depth: int = 12,
-                 correction: bool = True, query: int | str | None = None, costs=None):
+                 correction: bool = True, query: int | str | None = None, costs=None,
+                 draft_device: str | None = None):
+        if draft_device not in DRAFT_DEVICES:
+            raise ValueError(f"draft_device must be one of {DRAFT_DEVICES} (None: the draft's own device), "
+                             f"got {draft_device!r}")
+        if draft_device is not None and mode == "sync":
+            raise ValueError("draft_device='cpu' moves the drafter beside the target: use mode='thread' or 'process'")
+        self.draft_device = draft_device
         self.width = check_int("width", width, 1)
         self.query = None if query is None else check_budget("query", query, 1)
         if costs is not None and not is_auto(query):
@@ -112,20 +143,29 @@ class Card(Proposer):
         self.chooser, self.queries = None, []
         if is_auto(self.query):  # the target's curve, read (or measured once) before the drafter starts
             self.chooser = ChainBudget(resolve_curve(self.costs, req.target), max_len=max(1, self.max_depth - 1))
+        self.target_device = req.input_ids.device
+        draft = draft_on(req.draft, self.draft_device)
+        # On a CPU both sides share the cores: one intra-op thread each. A GPU target needs few CPU threads:
+        # it keeps what it has and a CPU drafter gets as many.
+        cpu_target = self.target_device.type == "cpu"
+        self.threads = torch.get_num_threads()
         if self.mode == "process":
-            self.threads = torch.get_num_threads()
-            self.drafter = DrafterProcess(req.draft, self.width, state.committed, self.max_depth,
-                                          share_logits=not self.sampling.greedy, threads=1, wait_s=WAIT_S)
+            self.drafter = DrafterProcess(draft, self.width, state.committed, self.max_depth,
+                                          share_logits=not self.sampling.greedy,
+                                          threads=1 if cpu_target else self.threads, wait_s=WAIT_S)
             self.tree, self.layers_at_query = None, 0
-            torch.set_num_threads(max(1, self.threads - 1))  # the draft's process has its own one
+            if cpu_target:
+                torch.set_num_threads(max(1, self.threads - 1))  # the draft's process has its own one
             return
-        self.tree = CardTree(req.draft, self.width, state.committed)
+        self.tree = CardTree(draft, self.width, state.committed)
         if self.mode == "sync":
             return
         self.cond = threading.Condition()
         self.stop, self.epoch, self.applied, self.pending, self.discarded = False, 0, 0, None, 0
-        self.threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # process-global: drafter and target get one intra-op thread each
+        # a CUDA drafter issues its kernels on a stream of its own, beside the target's default stream
+        self.stream = torch.cuda.Stream(self.tree.device) if self.tree.device.type == "cuda" else None
+        if cpu_target:
+            torch.set_num_threads(1)  # process-global: drafter and target get one intra-op thread each
         self.worker = threading.Thread(target=self._work, name=WORKER_NAME, daemon=True)
         self.worker.start()
 
@@ -164,8 +204,9 @@ class Card(Proposer):
     # ---- the worker (thread mode) -----------------------------------------------------------------------
 
     def _work(self) -> None:
-        try:
-            with torch.inference_mode():  # grad mode is per thread: the loop's inference_mode is not ours
+        streamed = torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
+        try:  # grad mode and the current stream are per thread: the loop's inference_mode is not ours
+            with torch.inference_mode(), streamed:
                 while True:
                     with self.cond:
                         self.cond.wait_for(lambda: self.stop or self.pending is not None or self._can_grow())
@@ -179,6 +220,8 @@ class Card(Proposer):
                         job, epoch = self.tree.plan(), self.epoch
                     t0 = time.perf_counter()
                     logits = self.tree.forward(job)  # outside the lock: the target verifies meanwhile
+                    if self.stream is not None:
+                        self.stream.synchronize()  # the layer is complete before the target may query it
                     t1 = time.perf_counter()
                     with self.cond:
                         if job["kind"] != "expand":
@@ -259,6 +302,8 @@ class Card(Proposer):
             chain, q = [], None
         else:
             chain, q = self.tree.query(limit, self.sampling, self.generator, start=self.anchor)
+        if q is not None and q.device != self.target_device:  # a CPU drafter beside a GPU target
+            q = q.to(self.target_device)
         info.update(card_nodes=len(self.tree), card_layers=self.since_query, hit=None)
         self.since_query = 0
         self._t_query = time.perf_counter()
@@ -296,7 +341,7 @@ class Card(Proposer):
     def stats(self) -> dict:
         self._close_drafter()  # process mode: generation is over; collect the child's last reports
         out = dict(card_width=self.width, card_ratio=self.ratio, card_mode=self.mode, card_max_depth=self.max_depth,
-                   card_correction=self.correction, card_query=self.query,
+                   card_correction=self.correction, card_query=self.query, card_draft_device=self.draft_device,
                    draft_layers=self.tree.layers if self.mode != "process" else self.draft_layers,
                    hits=self.hits, misses=self.misses,
                    hit_rate=self.hits / (self.hits + self.misses) if self.hits + self.misses else float("nan"))

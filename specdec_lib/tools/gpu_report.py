@@ -16,13 +16,15 @@ notebooks and their pages, one CSV per step, `summary.json` and `summary.md` (on
 step's table). `--budget-s` (default 1200: the 20 minutes a lent device allows) skips the steps left when time
 runs out, saying so.
 
+On CUDA the bench runs CARD in the three ways one GPU allows (`GPU_CARD`): the drafter on a second CUDA stream
+(thread mode), and on the CPU cores beside the GPU target (`draft_device="cpu"`, thread and process modes).
+
 `--dry` is the same command shrunk to a couple of minutes, for a CPU and for CI (tests/test_gpu_report.py):
 one notebook in SMOKE mode, two prompts of 8 tokens, one short layout case, scaled-down hub shapes; the models
 run in bfloat16 (`--dtype`), so the half-precision paths run on a CPU too. Its folder is `<out>/cpu-dry/`.
 
 The device image lacks some wheels the notebooks need (datasets, plotly, ipywidgets, nbclient, ...): README's
-"GPU" section says how to carry them. Simplifications: one GPU; CARD's process mode is left out on a GPU (it
-refuses CUDA: the drafter on CPU cores beside a GPU target is still to be built).
+"GPU" section says how to carry them. Simplifications: one GPU.
 """
 from __future__ import annotations
 
@@ -43,6 +45,8 @@ from ..models import gpu_name, load_models, resolve_dtype, resolve_device
 
 BENCH_METHODS = ("hf,autoregressive,hf_prompt_lookup,hf_assisted,prompt_lookup,draft_model,cacheback,"
                  "cacheback@tdl=96+crt=16,lookahead,fafo,card,card@mode=process").split(",")
+# CARD on one GPU: a second stream, or the CPU cores beside it (card@mode=process alone cannot draft on CUDA)
+GPU_CARD = ["card@mode=thread", "card@mode=thread+draft_device=cpu", "card@mode=process+draft_device=cpu"]
 # (name, Qwen2 config) of the hub pair (models.HUB_PAIR): Qwen2.5-1.5B and -0.5B's shapes, random weights
 HUB_SHAPES = {
     "qwen2.5-1.5b-shape": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
@@ -105,7 +109,9 @@ def step_notebooks(out: Path, device, dtype, size) -> pd.DataFrame:
 
 def step_bench(out: Path, device, dtype, size) -> pd.DataFrame:
     pair = load_models("tiny", device=device, dtype=dtype)
-    methods = [m for m in BENCH_METHODS if not (device.type == "cuda" and m == "card@mode=process")]
+    methods = list(BENCH_METHODS)
+    if device.type == "cuda":
+        methods = [m for m in methods if m != "card@mode=process"] + GPU_CARD
     runs = run_bench(pair, "code", methods, max_new_tokens=size["tokens"], repeats=size["repeats"],
                      limit=size["prompts"], progress=False)
     runs.to_csv(out / "bench_code_runs.csv", index=False)
