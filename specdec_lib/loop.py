@@ -39,7 +39,16 @@ from .mechanisms import kv_cache
 from .mechanisms.draft_tree import DraftTree
 from .mechanisms.verify import Proposal, SideRows, Verdict, commit, forward_spec, verify
 
-__all__ = ["LoopState", "Proposal", "Proposer", "SideRows", "Verdict", "decode", "register_proposer"]
+__all__ = ["LoopState", "Proposal", "Proposer", "SideRows", "Verdict", "decode", "register_proposer",
+           "STEP_KEYS", "STATS_KEYS"]
+
+# The stats schema of every loop method (the contract test checks it). Each step record holds STEP_KEYS, plus
+# the proposal's `info`: "draft_size" (the draft budget the step ran with: cacheback's TDL, lookahead's guesses,
+# fafo's find-out candidates, prompt lookup's num_tokens, draft_model's gamma, card's query cap) and extras of
+# the method's own. GenerationResult.stats holds STATS_KEYS ("config": the proposer's settings) and the
+# proposer's own counters; with an "auto" budget, "curve" (the cost curve it chose from).
+STEP_KEYS = ("tree_size", "depth", "accepted", "emitted", "full", "draft_us", "verify_ms", "update_us")
+STATS_KEYS = ("steps", "drafted", "accepted", "acceptance_rate", "draft_us_median", "config")
 
 
 @dataclass
@@ -66,7 +75,8 @@ class Proposer:
         return kv_cache.new_cache(state.request.target)
 
     def finish(self, state: LoopState) -> None:
-        """Once, after the last step, also when a step raised (undo what start/target_cache changed)."""
+        """Once, after the last step, also when a step raised (undo what start/target_cache changed, stop what
+        start started); `stats` is read after it."""
 
     def propose(self, state: LoopState, budget: int) -> Proposal:
         """This step's proposal; `budget` is the deepest draft that can still be emitted (deeper nodes are cut)."""
@@ -76,7 +86,9 @@ class Proposer:
         """After the commit: state.committed already ends with verdict.emitted."""
 
     def stats(self) -> dict:
-        """Method-specific entries of GenerationResult.stats (config, draft forwards, ...)."""
+        """Method-specific entries of GenerationResult.stats, read after finish: "config" (the settings) and
+        the method's own counters (draft forwards, hit rate, ...)."""
+        return dict(config={})
         return {}
 
 
@@ -88,9 +100,11 @@ def decode(req: Request, proposer: Proposer, debug: bool = False, lazy_head: boo
     try:
         cache = proposer.target_cache(state)
         spec = forward_spec(target)  # backend, dtype, device, lazy_head_ok: once per call (after start), not per step
-        return _steps(req, proposer, state, target, cache, spec, debug, lazy_head)
+        result = _steps(req, proposer, state, target, cache, spec, debug, lazy_head)
     finally:
         proposer.finish(state)
+    result.stats.update(proposer.stats())  # after finish: a concurrent drafter has stopped and reported
+    return result
 
 
 def _steps(req, proposer, state, target, cache, spec, debug, lazy_head) -> GenerationResult:
@@ -125,7 +139,6 @@ def _steps(req, proposer, state, target, cache, spec, debug, lazy_head) -> Gener
     stats = dict(steps=steps, drafted=drafted, accepted=accepted,
                  acceptance_rate=accepted / drafted if drafted else float("nan"),
                  draft_us_median=statistics.median(s["draft_us"] for s in steps) if steps else float("nan"))
-    stats.update(proposer.stats())
     return GenerationResult(state.tokens, lengths, len(lengths), stats=stats)
 
 

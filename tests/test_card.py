@@ -140,7 +140,7 @@ def test_thread_mode_gives_the_sync_greedy_tokens(models, self_draft):
     assert error is None, error
     assert sync.new_tokens == result.new_tokens == reference
     stats = result.stats
-    assert stats["card_mode"] == "thread" and stats["target_busy"] and stats["discarded_layers"] >= 0
+    assert stats["config"]["mode"] == "thread" and stats["target_busy"] and stats["discarded_layers"] >= 0
     assert len(stats["draft_busy"]) == stats["draft_layers"] + stats["discarded_layers"]  # every draft forward
     if self_draft:
         assert sync.stats["hit_rate"] > 0.5 and sync.mean_accepted > 2
@@ -241,7 +241,7 @@ def test_process_mode_gives_the_sync_greedy_tokens(models, self_draft):
     assert error is None, error
     assert result.new_tokens == reference
     stats = result.stats
-    assert stats["card_mode"] == "process" and len(stats["target_busy"]) == result.target_forwards
+    assert stats["config"]["mode"] == "process" and len(stats["target_busy"]) == result.target_forwards
     assert len(stats["draft_busy"]) == stats["draft_layers"] > 0  # every draft forward, timed in the child
     assert all(s["hit"] in (True, False) for s in stats["steps"])
     assert stats["hits"] + stats["misses"] == result.target_forwards
@@ -302,7 +302,7 @@ def test_no_correction_ablation_is_lossless_and_waits_out_a_stale_tree(models):
         plain = generate("card", target, ids, 40, draft=drafter, debug=True)
         ablated = generate("card", target, ids, 40, draft=drafter, correction=False, max_depth=6, debug=True)
         assert plain.new_tokens == ablated.new_tokens == reference
-        assert ablated.stats["card_correction"] is False and ablated.stats["misses"] > 0
+        assert ablated.stats["config"]["correction"] is False and ablated.stats["misses"] > 0
         steps = ablated.stats["steps"]
         stale = [i for i in range(1, len(steps)) if steps[i - 1]["hit"] is False and steps[i]["tree_size"] == 0]
         assert stale or drafter is target, "a miss leaves the target without a chain until the drafter restarts"
@@ -341,5 +341,5 @@ def test_a_drafter_on_the_cpu_beside_the_target(models, mode):
     reference = generate("hf", target, ids, 30).new_tokens
     result, error = in_time(lambda: generate("card", target, ids, 30, draft=draft, mode=mode, draft_device="cpu"))
     assert error is None, error
-    assert result.new_tokens == reference and result.stats["card_draft_device"] == "cpu"
+    assert result.new_tokens == reference and result.stats["config"]["draft_device"] == "cpu"
     assert result.stats["draft_layers"] > 0 and not drafter_threads()

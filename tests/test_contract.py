@@ -6,7 +6,9 @@
 - sampling: chi-square against the target's exact distribution of 2- and 3-token continuations at temperature
   0.7 and 1.3 and with top_k and top_p, for every method, HF's peers included, with negative controls (a wrong
   acceptance rule and a lossy tree walk must fail the same test);
-- the drafter really drafts during decoding (the dynamic table / the prompt index learn from generated text).
+- the drafter really drafts during decoding (the dynamic table / the prompt index learn from generated text);
+- one stats schema: every loop method's step records hold loop.STEP_KEYS (plus "draft_size", an int, where the
+  method drafted under a budget), its stats loop.STATS_KEYS with "config" a dict.
 
 Sampling tests use fixed seeds, so each is deterministic; a lossless method fails one with probability about
 alpha = 1e-3 over the choice of seeds.
@@ -17,6 +19,7 @@ import pytest
 import torch
 
 from specdec_lib import METHODS, generate
+from specdec_lib.loop import STATS_KEYS, STEP_KEYS
 from specdec_lib.bench.lossless import lossless_check
 from specdec_lib.mechanisms import verify
 from specdec_lib.mechanisms.ngram_table import NgramTable
@@ -40,10 +43,23 @@ def check_lengths(result, n):
     assert sum(result.accept_lengths) == len(result.new_tokens)
     assert result.target_forwards == len(result.accept_lengths) and all(a >= 1 for a in result.accept_lengths)
     if "steps" in result.stats:  # the loop's per-step records
+        check_schema(result.stats)
         steps = result.stats["steps"]
         assert [s["emitted"] for s in steps] == result.accept_lengths
         assert all(s["accepted"] <= s["depth"] <= s["tree_size"] and s["emitted"] <= s["accepted"] + 1
                    for s in steps)
+
+
+def check_schema(stats):
+    """The stats schema every loop method shares (loop.STEP_KEYS / STATS_KEYS)."""
+    missing = [k for k in STATS_KEYS if k not in stats]
+    assert not missing and isinstance(stats["config"], dict), missing
+    for s in stats["steps"]:
+        assert all(k in s for k in STEP_KEYS), sorted(s)
+        if "draft_size" in s:
+            assert isinstance(s["draft_size"], int) and s["draft_size"] >= 0, s
+    if "curve" in stats:
+        assert stats["curve"].startswith("CostCurve(")
 
 
 @pytest.fixture(scope="module")

@@ -163,6 +163,20 @@ def resolve_curve(costs, model) -> CostCurve:
     raise TypeError(f"costs must be None (measure here), a CostCurve or {{rows: ms}}, got {type(costs).__name__}")
 
 
+def chooser_stats(chooser) -> dict:
+    """What a method with an 'auto' budget adds to its stats: the cost curve it chose from (nothing if fixed).
+    The budget chosen each step is in the step records, under "draft_size"."""
+    return {} if chooser is None else dict(curve=repr(chooser.curve))
+
+
+def check_costs(option: str, value, **curves) -> None:
+    """A method's injected cost curves (costs=, draft_costs=) are read only when its budget `option` is 'auto'."""
+    given = [name for name, curve in curves.items() if curve is not None]
+    if given and not is_auto(value):
+        raise ValueError(f"{' and '.join(n + '=' for n in given)} {'is' if len(given) == 1 else 'are'} read only "
+                         f"with {option}='auto'")
+
+
 def check_budget(name: str, value, minimum: int = 1):
     """An int >= minimum, or "auto" (any other string: a TypeError, like any other non-int)."""
     if isinstance(value, str):

@@ -88,6 +88,15 @@ class DraftTree:
         tree.add_chain(ROOT, tokens)
         return tree
 
+    @classmethod
+    def trie(cls, root: int, chains: Sequence[Sequence[int]], length: int) -> "DraftTree":
+        """Chains (Lookahead's n-gram guesses, FAFO's candidates) cut to `length` tokens each, hung under the
+        root, shared prefixes merged."""
+        tree = cls(int(root))
+        for tokens in chains:
+            tree.add_chain(ROOT, tokens[:length], merge=True)
+        return tree
+
     def __len__(self) -> int:
         return len(self.tokens)
 

@@ -80,11 +80,14 @@ class SideRows:
 class Proposal:
     """What a proposer hands the loop each step: a DraftTree (root = the last committed token; a chain is a tree
     with one branch; no nodes = a plain step), optionally the draft's q per node (q[i]: the distribution node i
-    was drawn from; a chain only), optional side rows, and per-step extras for the step records."""
+    was drawn from; a chain only), optional side rows, per-step extras for the step records (`info`; the draft
+    budget a proposer chose for the step under the key "draft_size"), and `carry`: what the proposer's own
+    `observe` needs of this step (it gets the proposal back as verdict.proposal), kept off the proposer."""
     tree: DraftTree
     q: torch.Tensor | None = None  # (n, V)
     side: SideRows | None = None
     info: dict = field(default_factory=dict)
+    carry: dict = field(default_factory=dict)
 
     def capped(self, max_depth: int) -> "Proposal":
         """The proposal without nodes deeper than max_depth (what can still be emitted); topology kept."""
@@ -95,7 +98,7 @@ class Proposal:
         new = {old: n for n, old in enumerate(keep)}
         capped = DraftTree(tree.root, [tree.tokens[i] for i in keep], [new.get(tree.parents[i], ROOT) for i in keep])
         q = self.q[keep] if self.q is not None else None
-        return Proposal(capped, q, self.side, self.info)
+        return Proposal(capped, q, self.side, self.info, self.carry)
 
 
 @dataclass

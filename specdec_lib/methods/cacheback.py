@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
-from ..mechanisms.budget import TreeBudget, check_budget, is_auto, resolve_curve
+from ..mechanisms.budget import TreeBudget, check_budget, check_costs, chooser_stats, is_auto, resolve_curve
 from ..mechanisms.draft_tree import grow_tree
 from ..mechanisms.ngram_table import NgramTable
 from ..tools.frozen_tables import resolve_frozen
@@ -85,8 +85,7 @@ class Cacheback(Proposer):
                 raise ValueError(f"need tdl >= 2 and 0 <= crt <= tdl - 2 (TDL counts the re-fed root, so TDL - 1 "
                                  f"draft slots, and CRT of them are kept from level 0, which needs one), got "
                                  f"tdl={tdl}, crt={crt}")
-        if costs is not None and not is_auto(tdl):
-            raise ValueError("costs= is read only with tdl='auto'")
+        check_costs("tdl", tdl, costs=costs)
         self.costs = costs
         for name, value in dict(merge=merge, dynamic=dynamic).items():
             if not isinstance(value, bool):
@@ -115,7 +114,6 @@ class Cacheback(Proposer):
         if is_auto(c["tdl"]):  # the curve is read (or measured once per device + model + dtype) before any step
             self.crts = dict(self.ladder)
             self.chooser = TreeBudget(resolve_curve(self.costs, state.request.target), list(self.crts))
-            self.tdls: list[int] = []
 
     def _grow(self, context, tdl: int, crt: int):
         return grow_tree(context, self.tables, tdl, crt, refed=1, merge=self.config["merge"])
@@ -124,25 +122,25 @@ class Cacheback(Proposer):
         c = self.config
         context = state.committed[-self.tail:]
         if self.chooser is None:
-            return Proposal(self._grow(context, c["tdl"], c["crt"]))
-        tdl, self.others = self.chooser.choose()
-        self.context = context
-        self.tdls.append(tdl)
-        return Proposal(self._grow(context, tdl, self.crts[tdl]), info=dict(tdl=tdl))
+            return Proposal(self._grow(context, c["tdl"], c["crt"]), info=dict(draft_size=c["tdl"]))
+        tdl, others = self.chooser.choose()
+
+        def regrow(other_tdl):  # the tree another TDL would have grown from this step's context
+            other = self._grow(context, other_tdl, self.crts[other_tdl])
+            return other, len(other) + 1
+        return Proposal(self._grow(context, tdl, self.crts[tdl]), info=dict(draft_size=tdl),
+                        carry=dict(others=others, regrow=regrow))
 
     def observe(self, state: LoopState, verdict) -> None:
-        if self.chooser is not None:  # before the table update: the neighbouring trees this step could have grown
-            def regrow(tdl):
-                other = self._grow(self.context, tdl, self.crts[tdl])
-                return other, len(other) + 1
-            self.chooser.record_step(verdict.proposal.info["tdl"], verdict.emitted, len(verdict.proposal.tree) + 1,
-                                     self.others, regrow)
+        proposal = verdict.proposal
+        if "others" in proposal.carry:  # before the table update: the neighbouring trees this step could have grown
+            self.chooser.record_step(proposal.info["draft_size"], verdict.emitted, len(proposal.tree) + 1,
+                                     proposal.carry["others"], proposal.carry["regrow"])
         if self.dynamic is not None:  # the windows completed by the new tokens (§3.2, Figure 2)
             n_new = len(verdict.emitted)
             self.dynamic.update_new(state.committed[-(n_new + self.window):], n_new)
 
     def stats(self) -> dict:
-        extra = {} if self.chooser is None else dict(tdls=self.tdls, curve=repr(self.chooser.curve))
-        return dict(config=dict(self.config), **extra,
+        return dict(config=dict(self.config), **chooser_stats(self.chooser),
                     frozen=None if self.frozen is None else (self.frozen.meta.get("path") or "in memory"),
                     dynamic_leaders=len(self.dynamic) if self.dynamic is not None else 0)

@@ -56,7 +56,7 @@ tree). The width K stays fixed: it shapes the layers the drafter has already gro
 arrives, and the hit rate a different K would have had cannot be read off the step (its tree would differ).
 
 Per-step info: card_nodes (tree size at the query), card_layers (layers since the previous query), hit (in
-process mode as the parent's copy of the tree says), query (with query="auto": the chosen cap).
+process mode as the parent's copy of the tree says), draft_size (the query's cap: chosen with query="auto").
 stats(): hit rate, draft layers, config, and in thread and process modes the busy intervals (perf_counter
 start/end of each draft forward and of each target step = propose's return to observe's call) for a Gantt /
 overlap figure (bench/timeline.py); thread mode also counts the layers discarded by a correction.
@@ -78,7 +78,7 @@ import torch
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
-from ..mechanisms.budget import ChainBudget, check_budget, is_auto, resolve_curve
+from ..mechanisms.budget import ChainBudget, check_budget, check_costs, chooser_stats, is_auto, resolve_curve
 from ..mechanisms.card_process import DrafterProcess
 from ..mechanisms.card_tree import CardTree
 from ..mechanisms.draft_tree import ROOT, DraftTree
@@ -114,8 +114,7 @@ class Card(Proposer):
         self.draft_device = draft_device
         self.width = check_int("width", width, 1)
         self.query = None if query is None else check_budget("query", query, 1)
-        if costs is not None and not is_auto(query):
-            raise ValueError("costs= is read only with query='auto'")
+        check_costs("query", query, costs=costs)
         self.costs = costs
         self.ratio = check_int("ratio", ratio, 1)
         self.max_depth = check_int("max_depth", max_depth, 1)
@@ -140,7 +139,7 @@ class Card(Proposer):
         self._t_query = None
         self.error, self.reported = None, False
         self.anchor = ROOT  # where queries start: the node spelling committed[-1] (None: the text left the tree)
-        self.chooser, self.queries = None, []
+        self.chooser = None
         if is_auto(self.query):  # the target's curve, read (or measured once) before the drafter starts
             self.chooser = ChainBudget(resolve_curve(self.costs, req.target), max_len=max(1, self.max_depth - 1))
         self.target_device = req.input_ids.device
@@ -291,13 +290,11 @@ class Card(Proposer):
         # at most max_depth - 1 deep: the drafter's deepest layer then still holds the children of the chain's
         # last node, so a fully accepted chain's bonus token can be a hit (at max_depth the drafter idles)
         limit = min(budget, max(1, self.max_depth - 1))
-        info = {}
         if self.chooser is not None and limit > 0:
             limit = self.chooser.choose(limit)
-            self.queries.append(limit)
-            info["query"] = limit
         elif isinstance(self.query, int):
             limit = min(limit, self.query)
+        info = dict(draft_size=limit)
         if not self.correction and self.anchor is None:  # a stale tree: nothing to query
             chain, q = [], None
         else:
@@ -339,9 +336,9 @@ class Card(Proposer):
         return hit
 
     def stats(self) -> dict:
-        self._close_drafter()  # process mode: generation is over; collect the child's last reports
-        out = dict(card_width=self.width, card_ratio=self.ratio, card_mode=self.mode, card_max_depth=self.max_depth,
-                   card_correction=self.correction, card_query=self.query, card_draft_device=self.draft_device,
+        config = dict(width=self.width, ratio=self.ratio, mode=self.mode, max_depth=self.max_depth,
+                      correction=self.correction, query=self.query, draft_device=self.draft_device)
+        out = dict(config=config, **chooser_stats(self.chooser),
                    draft_layers=self.tree.layers if self.mode != "process" else self.draft_layers,
                    hits=self.hits, misses=self.misses,
                    hit_rate=self.hits / (self.hits + self.misses) if self.hits + self.misses else float("nan"))
@@ -349,6 +346,4 @@ class Card(Proposer):
             out.update(draft_busy=list(self.draft_busy), target_busy=list(self.target_busy))
         if self.mode == "thread":
             out.update(discarded_layers=self.discarded)
-        if self.chooser is not None:
-            out.update(queries=list(self.queries))
         return out

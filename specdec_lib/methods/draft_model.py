@@ -46,7 +46,7 @@ import torch
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
-from ..mechanisms.budget import ChainBudget, check_budget, is_auto, resolve_curve
+from ..mechanisms.budget import ChainBudget, check_budget, check_costs, chooser_stats, is_auto, resolve_curve
 from ..mechanisms.draft_tree import DraftTree
 from ..mechanisms.kv_cache import TrackedCache
 from ..sampling import probs, sample
@@ -68,15 +68,14 @@ class DraftModel(Proposer):
             raise TypeError(f"adaptive must be True or False, got {adaptive!r}")
         if adaptive and is_auto(gamma):
             raise ValueError("gamma='auto' and adaptive=True are two schedules for one gamma: pick one")
-        if (costs is not None or draft_costs is not None) and not is_auto(gamma):
-            raise ValueError("costs= and draft_costs= are read only with gamma='auto'")
+        check_costs("gamma", gamma, costs=costs, draft_costs=draft_costs)
         self.adaptive, self.costs, self.draft_costs = adaptive, costs, draft_costs
+        self.config = dict(gamma=self.gamma, adaptive=adaptive)  # as set: the adaptive schedule moves self.gamma
 
     def start(self, state: LoopState) -> None:
         self.draft = TrackedCache(state.request.draft)
         self.sampling, self.generator = state.request.sampling, state.request.generator
         self.eos = state.request.eos_token_id
-        self.gammas: list[int] = []
         self.draft_forwards = 0
         self.chooser = None
         if is_auto(self.gamma):  # g draft forwards of one row each, then the target's g + 1 rows
@@ -87,7 +86,6 @@ class DraftModel(Proposer):
     def propose(self, state: LoopState, budget: int) -> Proposal:
         gamma = self.gamma if self.chooser is None else self.chooser.choose(budget)
         g = min(gamma, budget)  # the step adds g + 1 tokens at most
-        self.gammas.append(g)
         drafts, q_rows = [], []
         feed = state.committed[len(self.draft.tokens):]  # 1 token, 2 after a full acceptance, the prompt on step 1
         for _ in range(g):
@@ -103,7 +101,7 @@ class DraftModel(Proposer):
             if x == self.eos:  # nothing after an EOS can be emitted
                 break
         q = torch.stack(q_rows) if q_rows else None  # (g, V)
-        return Proposal(DraftTree.chain(state.committed[-1], drafts), q=q, info=dict(gamma=g))
+        return Proposal(DraftTree.chain(state.committed[-1], drafts), q=q, info=dict(draft_size=g))
 
     def observe(self, state: LoopState, verdict) -> None:
         self.draft.commit(state.committed)
@@ -116,4 +114,5 @@ class DraftModel(Proposer):
             self.gamma = self.gamma + 2 if len(verdict.accepted) == drafted else max(1, self.gamma - 1)
 
     def stats(self) -> dict:
-        return dict(draft_forwards=self.draft_forwards, gammas=self.gammas)
+        return dict(config=dict(self.config), **chooser_stats(self.chooser),
+                    draft_forwards=self.draft_forwards)

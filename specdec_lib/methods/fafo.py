@@ -45,11 +45,11 @@ from collections import OrderedDict
 import torch
 
 from ..checks import check_int
-from ..mechanisms.budget import TreeBudget, check_budget, is_auto, resolve_curve
+from ..mechanisms.budget import TreeBudget, check_budget, check_costs, chooser_stats, is_auto, resolve_curve
 from ..loop import LoopState, Proposal, Proposer, SideRows, register_proposer
 from ..mechanisms import flex_layout, verify
 from ..mechanisms.compression import Compression, Quest, StreamingLLM
-from ..mechanisms.draft_tree import ROOT, DraftTree
+from ..mechanisms.draft_tree import DraftTree
 
 
 CANDIDATE_LADDER = (0, 1, 2, 3, 4, 6, 8, 10, 12, 16)  # candidates="auto" picks among these (those <= streams)
@@ -102,8 +102,7 @@ class Fafo(Proposer):
                  fused: bool = True, seed: int = 0, candidates: int | str | None = None, costs=None):
         check_int("streams", streams, 1)
         self.cap = streams if candidates is None else check_budget("candidates", candidates, 0)
-        if costs is not None and not is_auto(candidates):
-            raise ValueError("costs= is read only with candidates='auto'")
+        check_costs("candidates", candidates, costs=costs)
         self.costs = costs
         check_int("guess_len", guess_len, 1)
         check_int("budget", budget, 1)
@@ -143,7 +142,7 @@ class Fafo(Proposer):
         self.pool = FumblePool(self.n)
         self.found = self.proposed = self.fumble_forwards = 0
         self._previous = None
-        self.chooser, self.chosen = None, []
+        self.chooser = None
         if is_auto(self.cap):
             ladder = sorted({c for c in CANDIDATE_LADDER if c < self.n} | {self.n})
             self.chooser = TreeBudget(resolve_curve(self.costs, state.request.target), ladder)
@@ -161,32 +160,29 @@ class Fafo(Proposer):
         if self._previous is not None:
             state.request.target.set_attn_implementation(self._previous)
 
-    def _candidate_tree(self, root: int, candidates, budget: int) -> DraftTree:
-        tree = DraftTree(root)
-        for _, sub in candidates:
-            tree.add_chain(ROOT, sub[:budget], merge=True)
-        return tree
-
     def propose(self, state: LoopState, budget: int) -> Proposal:
         candidates = self.pool.lookup(state.committed, self.n, self.k) if budget > 0 else []
-        extra = {}
+        extra, carry = {}, {}
         if self.chooser is not None and candidates:  # none found: nothing to choose (or learn)
-            cap, self.others = self.chooser.choose()
-            self.chosen.append(cap)
-            self.found_candidates, self.budget, extra = candidates, budget, dict(find_out=cap)
+            cap, others = self.chooser.choose()
+            found, root = candidates, state.committed[-1]
+
+            def regrow(other_cap):  # the candidate tree another cap would have verified this step
+                return DraftTree.trie(root, [sub for _, sub in found[:other_cap]], budget)
+            extra, carry = dict(draft_size=cap), dict(others=others, regrow=regrow)
             candidates = candidates[:cap]
-        elif not is_auto(self.cap):
-            candidates = candidates[:self.cap]
-        tree = self._candidate_tree(state.committed[-1], candidates, budget)
+        elif candidates:
+            candidates, extra = candidates[:self.cap], dict(draft_size=self.cap)
+        tree = DraftTree.trie(state.committed[-1], [sub for _, sub in candidates], budget)
         self.proposed += bool(candidates)
         tokens = [self.streams[i][j] for j in range(self.k) for i in range(self.n)]  # column-wise
         info = dict(candidates=len(candidates), prefix_len=max((m for m, _ in candidates), default=0),
                     pool=len(self.pool), **extra)
         if not self.fused:
-            self.predicted = self._fumble_pass(state, tokens)
-            return Proposal(tree, info=info)
+            carry["predicted"] = self._fumble_pass(state, tokens)
+            return Proposal(tree, info=info, carry=carry)
         side = SideRows(tokens, self.depths, self.sees, compressed=True, logits_rows=self.last_rows)
-        return Proposal(tree, side=side, info=info)
+        return Proposal(tree, side=side, info=info, carry=carry)
 
     def _fumble_pass(self, state: LoopState, tokens: list[int]) -> list[int] | None:
         """FAFO-2forward (the paper's Table 1 ablation): the fumble rows in a forward of their own, before the
@@ -204,18 +200,18 @@ class Fafo(Proposer):
     def observe(self, state: LoopState, verdict) -> None:
         self.found += bool(verdict.accepted)
         proposal = verdict.proposal
-        if self.chooser is not None and "find_out" in proposal.info:  # the fumble rows are paid whatever the cap
-            root, fumble = proposal.tree.root, self.n * self.k
+        if "others" in proposal.carry:  # the fumble rows are paid whatever the cap
+            fumble, regrow = self.n * self.k, proposal.carry["regrow"]
 
-            def regrow(cap):
-                tree = self._candidate_tree(root, self.found_candidates[:cap], self.budget)
+            def rows_of(cap):
+                tree = regrow(cap)
                 return tree, 1 + len(tree) + fumble
-            self.chooser.record_step(proposal.info["find_out"], verdict.emitted, 1 + len(proposal.tree) + fumble,
-                                     self.others, regrow)
+            self.chooser.record_step(proposal.info["draft_size"], verdict.emitted, 1 + len(proposal.tree) + fumble,
+                                     proposal.carry["others"], rows_of)
         if self.fused:
             predicted = verdict.side_logits.argmax(-1).tolist()  # (n,): each stream's next token
         else:
-            predicted = self.predicted
+            predicted = proposal.carry["predicted"]
             if predicted is None:
                 return
         for i, token in enumerate(predicted):
@@ -224,8 +220,7 @@ class Fafo(Proposer):
             self.pool.add(self.discarded[i], tuple(self.streams[i]))
 
     def stats(self) -> dict:
-        extra = {} if self.chooser is None else dict(find_out_chosen=list(self.chosen))
         return dict(config=dict(streams=self.n, guess_len=self.k, compression=repr(self.compression),
-                                block=self.block, fused=self.fused, candidates=self.cap), **extra,
+                                block=self.block, fused=self.fused, candidates=self.cap), **chooser_stats(self.chooser),
                     pool_size=len(self.pool), steps_with_candidates=self.proposed,
                     steps_with_accepted_candidates=self.found, fumble_forwards=self.fumble_forwards)

@@ -46,18 +46,10 @@ import torch
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, SideRows, register_proposer
-from ..mechanisms.budget import TreeBudget, check_budget, is_auto, resolve_curve
-from ..mechanisms.draft_tree import ROOT, DraftTree
+from ..mechanisms.budget import TreeBudget, check_budget, check_costs, chooser_stats, is_auto, resolve_curve
+from ..mechanisms.draft_tree import DraftTree
 
 GUESS_LADDER = (0, 1, 2, 3, 4, 5, 7, 10, 14)  # guesses="auto" picks among these (the pool keeps the largest)
-
-
-def guess_tree(root: int, guesses, length: int) -> DraftTree:
-    """The guesses (n-grams), each cut to `length` tokens, hung under the root; shared prefixes merged (a trie)."""
-    tree = DraftTree(root)
-    for gram in guesses:
-        tree.add_chain(ROOT, gram[:length], merge=True)
-    return tree
 
 
 def window_sees(levels: int, columns: int) -> torch.Tensor:
@@ -111,8 +103,7 @@ class Lookahead(Proposer):
                  seed: int = 0, costs=None):
         self.W, self.N, self.G = check_int("window", window, 1), check_int("ngram", ngram, 2), \
             check_budget("guesses", guesses, 0)
-        if costs is not None and not is_auto(guesses):
-            raise ValueError("costs= is read only with guesses='auto'")
+        check_costs("guesses", guesses, costs=costs)
         self.costs = costs
         if not isinstance(from_text, bool):
             raise TypeError(f"from_text must be True or False, got {from_text!r}")
@@ -126,7 +117,6 @@ class Lookahead(Proposer):
         self.chooser = None
         if is_auto(self.G):  # the pool keeps the most the ladder may propose; the chooser picks how many
             self.chooser = TreeBudget(resolve_curve(self.costs, state.request.target), GUESS_LADDER)
-            self.chosen: list[int] = []
         self.pool = NgramPool(GUESS_LADDER[-1] if self.chooser else self.G)
         if self.from_text:
             self.pool.add_text(prompt, self.N)
@@ -136,31 +126,37 @@ class Lookahead(Proposer):
         root = state.committed[-1]
         length = min(self.N - 1, budget)  # deeper guess tokens could not be emitted
         guesses = self.pool.get(root) if length > 0 else []
-        info = {}
+        info, carry = {}, {}
         if self.chooser is not None and guesses:  # no guesses: nothing to choose (or learn)
-            g, self.others = self.chooser.choose()
-            self.chosen.append(g)
-            self.candidates, self.length, info = guesses, length, dict(g=g)
+            g, others = self.chooser.choose()
+            found = guesses
+
+            def regrow(other_g):  # the guess tree another g would have verified this step
+                return DraftTree.trie(root, found[:other_g], length)
+            info, carry = dict(draft_size=g), dict(others=others, regrow=regrow)
             guesses = guesses[:g]
-        tree = guess_tree(root, guesses, length)
+        elif guesses:
+            info = dict(draft_size=self.G)
+        tree = DraftTree.trie(root, guesses, length)
         levels, cols = len(self.levels), len(self.levels[0])
         tokens = [t for level in self.levels for t in level]  # level-major, levels * cols
         depths = [1 + i + j for i in range(levels) for j in range(cols)]  # level i, column j at root + 1 + i + j
         last = list(range((levels - 1) * cols, levels * cols))  # only the newest level's predictions are read
         side = SideRows(tokens, depths, window_sees(levels, cols), logits_rows=last)
         self.guesses_proposed += len(guesses)
-        return Proposal(tree, side=side, info=dict(guesses=len(guesses), levels=levels, pool=self.pool.size, **info))
+        return Proposal(tree, side=side, info=dict(guesses=len(guesses), levels=levels, pool=self.pool.size, **info),
+                        carry=carry)
 
     def observe(self, state: LoopState, verdict) -> None:
-        proposal = verdict.proposal if self.chooser is not None else None
-        if proposal is not None and "g" in proposal.info:  # the window rows are paid whatever g is
-            root, window = proposal.tree.root, len(proposal.side.tokens)
+        proposal = verdict.proposal
+        if "others" in proposal.carry:  # the window rows are paid whatever g is
+            window, regrow = len(proposal.side.tokens), proposal.carry["regrow"]
 
-            def regrow(g):
-                tree = guess_tree(root, self.candidates[:g], self.length)
+            def rows_of(g):
+                tree = regrow(g)
                 return tree, 1 + len(tree) + window
-            self.chooser.record_step(proposal.info["g"], verdict.emitted, 1 + len(proposal.tree) + window,
-                                     self.others, regrow)
+            self.chooser.record_step(proposal.info["draft_size"], verdict.emitted, 1 + len(proposal.tree) + window,
+                                     proposal.carry["others"], rows_of)
         levels, cols = len(self.levels), len(self.levels[0])
         # side_logits (cols, V): the last level's rows (logits_rows); argmax even when sampling: the window only
         # generates guesses
@@ -178,8 +174,7 @@ class Lookahead(Proposer):
             self.pool.add_text(committed, self.N, max(0, len(committed) - n_new - self.N + 1))
 
     def stats(self) -> dict:
-        extra = {} if self.chooser is None else dict(guesses_chosen=self.chosen)
         return dict(config=dict(window=self.W, ngram=self.N, guesses=self.G, from_text=self.from_text,
-                                seed=self.seed), **extra,
+                                seed=self.seed), **chooser_stats(self.chooser),
                     pool_keys=len(self.pool.grams), pool_ngrams=self.pool.size, window_ngrams=self.window_grams,
                     guesses_proposed=self.guesses_proposed)

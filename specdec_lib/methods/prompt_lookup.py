@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
-from ..mechanisms.budget import ChainBudget, check_budget, is_auto, resolve_curve
+from ..mechanisms.budget import ChainBudget, check_budget, check_costs, chooser_stats, is_auto, resolve_curve
 from ..mechanisms.draft_tree import DraftTree
 
 
@@ -89,8 +89,7 @@ class PromptLookup(Proposer):
         self.num_tokens = check_budget("num_tokens", num_tokens, 1)
         self.max_ngram, self.min_ngram = (check_int(name, value, 1) for name, value in (
             ("max_ngram", max_ngram), ("min_ngram", min_ngram)))
-        if costs is not None and not is_auto(num_tokens):
-            raise ValueError("costs= is read only with num_tokens='auto'")
+        check_costs("num_tokens", num_tokens, costs=costs)
         self.costs = costs
         if min_ngram > max_ngram:
             raise ValueError(f"min_ngram ({min_ngram}) must be <= max_ngram ({max_ngram})")
@@ -105,16 +104,15 @@ class PromptLookup(Proposer):
         self.chooser = None
         if is_auto(self.num_tokens):
             self.chooser = ChainBudget(resolve_curve(self.costs, state.request.target), max_len=AUTO_MAX_TOKENS)
-            self.lengths: list[int] = []
 
     def propose(self, state: LoopState, budget: int) -> Proposal:
         committed = state.committed
         n, start = self.index.lookup(committed)
         count = self.num_tokens if self.chooser is None else self.chooser.choose(budget)
-        drafts = continuation(committed, start, min(count, budget), self.eos) if n else []
-        if self.chooser is not None and n:
-            self.lengths.append(len(drafts))
-        return Proposal(DraftTree.chain(committed[-1], drafts), info=dict(ngram=n))
+        count = min(count, budget)
+        drafts = continuation(committed, start, count, self.eos) if n else []
+        info = dict(ngram=n, draft_size=count) if n else dict(ngram=n)  # no match: no draft, no budget used
+        return Proposal(DraftTree.chain(committed[-1], drafts), info=info)
 
     def observe(self, state: LoopState, verdict) -> None:
         if self.chooser is not None and len(verdict.proposal.tree):  # steps with a match only
@@ -122,6 +120,5 @@ class PromptLookup(Proposer):
         self.index.extend(state.committed)  # indexes only the n-grams it has not seen
 
     def stats(self) -> dict:
-        extra = {} if self.chooser is None else dict(lengths=self.lengths, curve=repr(self.chooser.curve))
         return dict(config=dict(num_tokens=self.num_tokens, max_ngram=self.max_ngram, min_ngram=self.min_ngram,
-                                match=self.match), **extra)
+                                match=self.match), **chooser_stats(self.chooser))

@@ -91,26 +91,24 @@ def step_costs_figure(result, title: str | None = None) -> go.Figure:
     return fig
 
 
-BUDGET_KEYS = ("tdl", "g", "gamma", "find_out", "query")  # cacheback, lookahead, draft_model, fafo, card
-
-
 def budget_figure(result, title: str | None = None) -> go.Figure:
-    """Tokens emitted per step (bars) and the draft budget the `"auto"` chooser picked for it (line, right axis)."""
+    """Tokens emitted per step (bars) and the draft budget the step ran with (line, right axis: the step records'
+    "draft_size", what an `"auto"` chooser picked or the fixed setting; gaps where no draft was made)."""
     steps = step_records(result)
-    key = next((k for k in BUDGET_KEYS if any(k in s for s in steps)), None)
-    if key is None:
-        raise ValueError(f"no step records a budget ({', '.join(BUDGET_KEYS)}): run a method with an \"auto\" budget")
+    key = "draft_size"
+    if not any(key in s for s in steps):
+        raise ValueError("no step records a draft_size: run a method with a draft budget (cacheback, lookahead, "
+                         "fafo, prompt_lookup, draft_model, card)")
     x = list(range(len(steps)))
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.add_trace(go.Bar(x=x, y=[s["emitted"] for s in steps], name="tokens emitted", marker_color=ACCEPTED,
                          opacity=0.6))
-    fig.add_trace(go.Scatter(x=x, y=[s.get(key) for s in steps], name=f"{key} chosen", mode="lines+markers",
+    fig.add_trace(go.Scatter(x=x, y=[s.get(key) for s in steps], name="draft size", mode="lines+markers",
                              line=dict(color=PARTS[1][3], shape="hv")), secondary_y=True)
-    fig.update_layout(title=title or f"Budget chosen step by step ({key})", height=360, width=900,
-                      xaxis_title="step")
+    fig.update_layout(title=title or "Draft size step by step", height=360, width=900, xaxis_title="step")
     fig.update_yaxes(title_text="tokens", secondary_y=False)
     chosen = sorted({s[key] for s in steps if key in s})
-    fig.update_yaxes(title_text=key, secondary_y=True, rangemode="tozero", tickvals=chosen)  # the rungs used
+    fig.update_yaxes(title_text="draft size", secondary_y=True, rangemode="tozero", tickvals=chosen)  # the rungs used
     return fig
 
 
