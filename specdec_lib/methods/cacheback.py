@@ -1,11 +1,11 @@
 """Cacheback decoding end to end: LRU n-gram tables -> draft tree -> one tree forward -> KV compaction.
 
-Paper: Ma, Gim, Zhong, "Cacheback: Speculative Decoding With Nothing But Cache" (seed file
-cacheback-lru-ngram-drafting.txt): §3.1 the LRU table (ngram_table.NgramTable), §3.2 breadth-first tree
-growth under TDL/CRT (draft_tree.grow_tree), one-forward tree verification and the sliding-window table
-update after every step, §3.3 the dual tables (dynamic first, then the frozen corpus table; the dynamic one
-cleared per generation and seeded with the prompt). Defaults are the paper's (§4): LL=1, FL=3, LC=2^20,
-FC=128, but TDL="auto" (chosen from this machine's cost curve, below; the paper's TDL=96, CRT=16 is tdl=96).
+Paper: Ma, Gim, Zhong, "Cacheback: Speculative Decoding With Nothing But Cache": §3.1 the LRU table
+(ngram_table.NgramTable), §3.2 breadth-first tree growth under TDL/CRT (draft_tree.grow_tree), one-forward
+tree verification and the sliding-window table update after every step, §3.3 the dual tables (dynamic first,
+then the frozen corpus table; the dynamic one cleared per generation and seeded with the prompt). Defaults
+are the paper's (§4): LL=1, FL=3, LC=2^20, FC=128, but TDL="auto" (chosen from this machine's cost curve,
+below; the paper's TDL=96, CRT=16 is tdl=96).
 
 One step, committed = prompt + output so far, the cache holding all of it but the last token (the root):
     draft:   tree = grow_tree(committed[-LL:], [dynamic, frozen], TDL, CRT, refed=1, merge)
