@@ -1,4 +1,4 @@
-"""Draft budgets chosen from this machine's own cost curve (`"auto"` budgets; issue 14).
+"""Draft budgets chosen from this machine's own cost curve (the `"auto"` budgets).
 
 A method's draft budget (Cacheback's TDL, a draft model's gamma, prompt lookup's num_tokens) trades tokens
 per target forward against the forward's price. Papers pick it on their GPU, where extra rows are nearly

@@ -25,7 +25,7 @@ cached on disk); a path or a table is used as given. dynamic=False drafts from t
 The verifying forward projects only the tree rows the walk reads through the LM head (lazy_head=True,
 verify.RowLogits): on a CPU that is a sixth of the tiny target's work per row.
 
-Draft budget from this machine (issue 14, mechanisms/budget.py): tdl="auto" picks, each step, a TDL of the
+Draft budget from this machine (mechanisms/budget.py): tdl="auto" picks, each step, a TDL of the
 ladder TDL_LADDER (8 .. 96) that maximises expected tokens / t(1 + tree size), t the target's forward cost
 measured here once (cached per device + model + dtype; `costs=` injects one, a CostCurve or {rows: ms}). Each
 step also regrows the trees of the 2 next smaller TDLs and the next larger one (tens of microseconds each) to
