@@ -58,7 +58,7 @@ _COMPILED_FLEX = None
 ATTENTION_MODES = {
     "compiled": "torch.compile(flex_attention): block-sparse, loads only the listed KV blocks (float32/bf16)",
     "eager": "flex_attention unfused: applies the mask_mod to every score through vmap, ignores the block "
-             "tables (exact, float64 too; slow: about 90 ms per call for the tiny target on the 2-core CPU)",
+             "tables (exact, float64 too; slow: on a CPU many times the dense mode's cost per call)",
     "dense": "the same mask_mod rendered once per forward to a bool mask for sdpa (exact, fast on a CPU)",
 }
 
