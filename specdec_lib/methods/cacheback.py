@@ -30,7 +30,7 @@ ladder TDL_LADDER (8 .. 96) that maximises expected tokens / t(1 + tree size), t
 measured here once (cached per device + model + dtype; `costs=` injects one, a CostCurve or {rows: ms}). Each
 step also regrows the trees of the 2 next smaller TDLs and the next larger one (tens of microseconds each) to
 learn, from the emitted path, what they would have yielded; every 16th step verifies the next larger TDL (a
-probe). The first step uses the largest TDL whose forward is nearly free (TDL 16 on the 2-core CPU). CRT, when not
+probe). The first step uses the largest TDL whose forward is nearly free (a small one on a CPU). CRT, when not
 given, scales with TDL as in the paper (round(TDL / 6): 16 at 96), but at least FL (a smaller reserve never
 grows a second level); with tdl="auto" a given crt is used for every TDL that admits it.
 
