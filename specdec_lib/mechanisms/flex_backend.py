@@ -9,7 +9,7 @@
 - `layout_attention`: the attention function transformers calls for a model `attach`ed to the store (registered
   with `AttentionInterface` as ATTENTION_NAME; it finds the store through the BlockMask it is given).
 
-Probed on torch 2.13 (CPU) / 2.11 (CUDA image) and transformers 5.17-5.23: compiled flex on a CPU needs the
+Probed on torch 2.13 (CPU) / 2.11 (CUDA) and transformers 5.17-5.23: compiled flex on a CPU needs the
 full-block tables present (zeros are fine); eager flex applies the mask_mod to every score and ignores the block
 tables; compiled flex refuses float64 on a CPU; a model's attention function receives the BlockMask passed as
 `attention_mask` unchanged (transformers' mask builders exit early on a 4D mask or a BlockMask).
