@@ -1,7 +1,8 @@
 # Two commands for a newcomer: `make workbook` and `make test` (see README.md).
 PYTHON ?= python3
 VENV ?= .venv
-# On the project's CPU machines this pin takes the local CPU wheel; override e.g. TORCH_SPEC="torch==2.13.0 --index-url ..."
+# The wheel is whatever pip's index offers for this version; for the CPU build, e.g.
+# TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed

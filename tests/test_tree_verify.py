@@ -1,4 +1,4 @@
-"""Draft trees, tree masks, one-pass tree verification and KV compaction (issue 3, section 2).
+"""Draft trees, tree masks, one-pass tree verification and KV compaction (notebook 02).
 
 Tolerances: random float64 models under `sdpa` compute attention in float64, so tree logits equal
 sequential decoding to 1e-9 (measured ~2e-15). Under `eager`, transformers' softmax runs in float32 even

@@ -1,9 +1,9 @@
 """Cacheback's ablations (paper §4: Table 1, Figure 4, and the TDL/CRT/trie choices) as benchmark runs.
 
-Paper: Ma, Gim, Zhong, "Cacheback" (seed file cacheback-lru-ngram-drafting.txt), §4. Table 1 compares the
+Paper: Ma, Gim, Zhong, "Cacheback: Speculative Decoding With Nothing But Cache", §4. Table 1 compares the
 dual tables with "no frozen" and "only frozen"; Figure 4 is the speedup over LL in 1..3 and FL in 1..5 with
 the other parameters at their defaults (LC=2^20, FC=128, TDL=96, CRT=16 in the paper; here the method's
-defaults, so TDL is "auto" since issue 14: add tdl=96 to a variant's settings for the paper's tree).
+defaults, so TDL is "auto": add tdl=96 to a variant's settings for the paper's tree).
 
 Every ablation here is a `bench.run_bench` run: each configuration is a method label ("cacheback@tdl=16",
 see `bench.parse_variant`), run interleaved with "hf" on the same prompts, so each speedup is a ratio

@@ -6,8 +6,8 @@
   for about the price of one.
 - `verify_cost(model, rows, prefix)`: the same, but what the decoding loop pays for a step of R rows: the
   loop's own `verify` of a draft tree of R - 1 nodes (tree mask, forward with the lazy head, the walk) and its
-  `commit`. On a CPU the mask and the masked attention add a share that grows with R (about 1.5 ms at 16 rows
-  and 10 ms at 96 on the tiny target): the curve `budget="auto"` chooses budgets from.
+  `commit`. On a CPU the mask and the masked attention add a share that grows with R (notebook 08, section 2,
+  draws both curves): the curve `budget="auto"` chooses budgets from.
 - `expected_tokens_per_step(alpha, gamma)`: with per-token acceptance alpha (i.i.d., Leviathan et al. 2023)
   and a chain of gamma drafted tokens, the tokens one target forward yields, bonus token included:
       E[tokens] = 1 + alpha + ... + alpha^gamma = (1 - alpha^(gamma+1)) / (1 - alpha)   (gamma + 1 at alpha = 1)

@@ -44,7 +44,7 @@ from ..decoding import METHODS, context_length, generate
 from ..models import PROMPTS_DIR, cpu_model_name
 
 SUITES = ("code", "editing")
-DEFAULT_LIMIT = 12  # CLI default: the first 12 prompts of a suite (24 x 3 repeats took 8 minutes on 2 CPU cores)
+DEFAULT_LIMIT = 12  # CLI default: the first 12 prompts of a suite (a whole suite takes long on a small CPU)
 
 
 def _json_rows(path: Path) -> list[dict]:

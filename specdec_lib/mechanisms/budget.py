@@ -1,9 +1,10 @@
-"""Draft budgets chosen from this machine's own cost curve (`"auto"` budgets; issue 14).
+"""Draft budgets chosen from this machine's own cost curve (the `"auto"` budgets).
 
 A method's draft budget (Cacheback's TDL, a draft model's gamma, prompt lookup's num_tokens) trades tokens
 per target forward against the forward's price. Papers pick it on their GPU, where extra rows are nearly
-free; on a CPU a 97-row forward costs 2.7x a one-row one, and the paper's TDL loses to a small tree. So we
-pick the budget, step by step, that maximises the expected throughput
+free; on a CPU a forward's cost grows with its rows early (notebook 00, section 3, measures the curve), and the
+paper's TDL loses to a small tree (notebook 04 sweeps it). So we pick the budget, step by step, that maximises
+the expected throughput
 
     budget* = argmax_b  E[tokens per step | b] / (draft_ms(b) + t(rows(b)))
 
@@ -240,7 +241,7 @@ class TreeBudget:
     verified tree's yields on those same steps) x the verified yield's running mean, shrunk by one pseudo-step
     toward the ratio 1. The verified candidate is the best estimated speed, kept unless another beats it by
     `margin` (hysteresis: switching on noise costs more than it gains). Before any data: the largest candidate
-    whose step costs at most `free` more than a one-row step (on a GPU, the largest; on the 2-core CPU, 16)."""
+    whose step costs at most `free` more than a one-row step (on a GPU often the largest; on a CPU a small one)."""
 
     def __init__(self, curve: CostCurve, candidates: Sequence[int], probe_every: int = 16, window: int = 1,
                  above: int = 1, decay: float = 0.97, free: float = 0.15, margin: float = 0.03,
@@ -253,7 +254,7 @@ class TreeBudget:
         self.draft_ms = draft_ms or (lambda b: 0.0)
         n = len(self.candidates)
         # decayed sums per candidate, plain lists: this runs between two forwards every step, where numpy's
-        # per-call overhead (about 100 us for these few small arrays, measured in the loop) is not negligible
+        # per-call overhead, large against these few small arrays, is not negligible
         self.weight, self.tokens, self.base, self.rows = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
         self.verified_tokens = self.verified_weight = 0.0
         self.extra_sum = self.extra_weight = 0.0  # tokens a larger tree yields past a censored bound (record)

@@ -2,8 +2,8 @@
 on two GPUs exchanging tensors over NCCL). Here: two processes on one CPU, each with its own intra-op thread.
 
 Why a process and not a thread: on small models a forward is mostly Python and dispatcher work done holding the
-GIL, so a drafter thread slows the target's verify down (measured on the shipped pair, one thread each: the
-target's 4-row forward 7.0 ms alone, 13.3 ms beside a drafter thread, 7.2 ms beside a drafter process).
+GIL, so on a CPU a drafter thread slows the target's verify down markedly and a drafter process barely (the
+shipped pair, one intra-op thread each; notebook 07 measures the target's step time in each mode).
 
     parent (the target, `DrafterProcess`)            child (`_drafter_main`, owns the draft's CardTree and KV)
     wait(ready) <- ("tree", epoch, layers, ...)      loop: a command waiting? apply it; else grow one layer and
@@ -27,8 +27,8 @@ target's 4-row forward 7.0 ms alone, 13.3 ms beside a drafter thread, 7.2 ms bes
 Simplifications: `fork` start method (Linux; the draft model is inherited, not copied or pickled), a CPU draft
 only (CUDA cannot be used in a forked child; beside a GPU target, card's `draft_device="cpu"` hands this class a
 CPU copy of the draft, and the child never touches CUDA, as a DataLoader worker forked from a CUDA process),
-a fresh process per generate call (about 10-50 ms), busy intervals from `time.perf_counter` (CLOCK_MONOTONIC
-on Linux: one clock for both processes).
+a fresh process per generate call (a fork paid once per call, not per step), busy intervals from
+`time.perf_counter` (CLOCK_MONOTONIC on Linux: one clock for both processes).
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@
 - `layout_attention`: the attention function transformers calls for a model `attach`ed to the store (registered
   with `AttentionInterface` as ATTENTION_NAME; it finds the store through the BlockMask it is given).
 
-Probed on torch 2.13 (CPU) / 2.11 (CUDA image) and transformers 5.17-5.23: compiled flex on a CPU needs the
+Probed on torch 2.13 (CPU) / 2.11 (CUDA) and transformers 5.17-5.23: compiled flex on a CPU needs the
 full-block tables present (zeros are fine); eager flex applies the mask_mod to every score and ignores the block
 tables; compiled flex refuses float64 on a CPU; a model's attention function receives the BlockMask passed as
 `attention_mask` unchanged (transformers' mask builders exit early on a 4D mask or a BlockMask).
@@ -58,7 +58,7 @@ _COMPILED_FLEX = None
 ATTENTION_MODES = {
     "compiled": "torch.compile(flex_attention): block-sparse, loads only the listed KV blocks (float32/bf16)",
     "eager": "flex_attention unfused: applies the mask_mod to every score through vmap, ignores the block "
-             "tables (exact, float64 too; slow: about 90 ms per call for the tiny target on the 2-core CPU)",
+             "tables (exact, float64 too; slow: on a CPU many times the dense mode's cost per call)",
     "dense": "the same mask_mod rendered once per forward to a bool mask for sdpa (exact, fast on a CPU)",
 }
 

@@ -31,8 +31,9 @@ Renderers: `dense` (bool (R, K), for drawing and checks) and `render` (the backe
 - "bool": the boolean mask itself (drawing and checks only).
 
 Simplifications: batch size 1 and one mask for every head; the dense renderer evaluates the whole (R, K) grid
-(build_forward of a 97-row tree over 500 cached keys took 0.24 ms on the 2-core CPU; with the tree's `rest`, a
-step after the first takes 0.10 ms for 97 rows and 0.04 ms for an 11-row chain, as the old hand-built tree mask).
+(cheap beside the forward, even for a 97-row tree on a CPU; with the tree's `rest`, a step after the first costs
+what a tree mask built by hand does; notebook 02, section 6, times the verify, mask included, against a plain
+forward).
 """
 from __future__ import annotations
 
@@ -96,7 +97,7 @@ def visible(sees: torch.Tensor, first_row: int, first_key: int, device=None) -> 
         q_idx, kv_idx = torch.as_tensor(q_idx), torch.as_tensor(kv_idx)
         if padded_np is not None and q_idx.dim() == 2 and q_idx.shape[1] == 1 and kv_idx.dim() == 2 \
                 and kv_idx.shape[0] == 1:  # a dense (R, 1) x (1, K) grid on a CPU (the `dense` renderer)
-            # numpy fancy indexing: a few microseconds, where ~20 small torch ops cost ~50 on a CPU
+            # numpy fancy indexing: one cheap call, where ~20 small torch ops each pay the dispatcher on a CPU
             row = (q_idx.numpy()[:, 0] - first_row).clip(0, rows - 1)
             col = kv_idx.numpy()[0] - first_key
             col = np.where((col >= 0) & (col < keys), col, keys)  # outside the block: the unseen column

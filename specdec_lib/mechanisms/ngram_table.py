@@ -1,9 +1,8 @@
 """The Cacheback n-gram table: an LRU map from leader n-grams to follower n-grams, and its frozen twin.
 
-Paper: Ma, Gim, Zhong, "Cacheback: Speculative Decoding With Nothing But Cache" (seed file
-cacheback-lru-ngram-drafting.txt). §3.1: the table and its recency rules; §3.2: after every decoding step
-the table is updated with a sliding window over the accepted tokens; §3.3: a second, frozen table counted
-offline from a corpus and only read while decoding.
+Paper: Ma, Gim, Zhong, "Cacheback: Speculative Decoding With Nothing But Cache". §3.1: the table and its
+recency rules; §3.2: after every decoding step the table is updated with a sliding window over the accepted
+tokens; §3.3: a second, frozen table counted offline from a corpus and only read while decoding.
 
 Recency rules (`NgramTable`), the same as the paper and its reference code:
 - insert(leader, follower): the leader becomes most recently used (MRU); a present follower becomes MRU among

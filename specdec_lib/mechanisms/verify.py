@@ -165,7 +165,7 @@ def build_forward(proposal: Proposal, pending: list[int], cached: int, backend: 
     inputs = dict(input_ids=torch.tensor([ids], dtype=torch.long, device=device))  # (1, m + n + s)
     store = backend == ATTENTION_NAME  # the store always needs its mask: it holds the rows' slots and kinds
     if not (n or s or store):  # a plain causal forward; transformers derives the same positions and mask by itself
-        # (and skips building a mask for it: given position_ids, it looks for packed sequences, +2% per token)
+        # (and skips building a mask for it: given position_ids, it looks for packed sequences, a small cost per token)
         return inputs, 1
     positions = torch.tensor(pos, dtype=torch.long, device=device)  # (m + n + s,)
     inputs["position_ids"] = positions[None]

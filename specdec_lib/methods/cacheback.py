@@ -1,11 +1,11 @@
 """Cacheback decoding end to end: LRU n-gram tables -> draft tree -> one tree forward -> KV compaction.
 
-Paper: Ma, Gim, Zhong, "Cacheback: Speculative Decoding With Nothing But Cache" (seed file
-cacheback-lru-ngram-drafting.txt): §3.1 the LRU table (ngram_table.NgramTable), §3.2 breadth-first tree
-growth under TDL/CRT (draft_tree.grow_tree), one-forward tree verification and the sliding-window table
-update after every step, §3.3 the dual tables (dynamic first, then the frozen corpus table; the dynamic one
-cleared per generation and seeded with the prompt). Defaults are the paper's (§4): LL=1, FL=3, LC=2^20,
-FC=128, but TDL="auto" (chosen from this machine's cost curve, below; the paper's TDL=96, CRT=16 is tdl=96).
+Paper: Ma, Gim, Zhong, "Cacheback: Speculative Decoding With Nothing But Cache": §3.1 the LRU table
+(ngram_table.NgramTable), §3.2 breadth-first tree growth under TDL/CRT (draft_tree.grow_tree), one-forward
+tree verification and the sliding-window table update after every step, §3.3 the dual tables (dynamic first,
+then the frozen corpus table; the dynamic one cleared per generation and seeded with the prompt). Defaults
+are the paper's (§4): LL=1, FL=3, LC=2^20, FC=128, but TDL="auto" (chosen from this machine's cost curve,
+below; the paper's TDL=96, CRT=16 is tdl=96).
 
 One step, committed = prompt + output so far, the cache holding all of it but the last token (the root):
     draft:   tree = grow_tree(committed[-LL:], [dynamic, frozen], TDL, CRT, refed=1, merge)
@@ -25,12 +25,12 @@ cached on disk); a path or a table is used as given. dynamic=False drafts from t
 The verifying forward projects only the tree rows the walk reads through the LM head (lazy_head=True,
 verify.RowLogits): on a CPU that is a sixth of the tiny target's work per row.
 
-Draft budget from this machine (issue 14, mechanisms/budget.py): tdl="auto" picks, each step, a TDL of the
+Draft budget from this machine (mechanisms/budget.py): tdl="auto" picks, each step, a TDL of the
 ladder TDL_LADDER (8 .. 96) that maximises expected tokens / t(1 + tree size), t the target's forward cost
 measured here once (cached per device + model + dtype; `costs=` injects one, a CostCurve or {rows: ms}). Each
 step also regrows the trees of the 2 next smaller TDLs and the next larger one (tens of microseconds each) to
 learn, from the emitted path, what they would have yielded; every 16th step verifies the next larger TDL (a
-probe). The first step uses the largest TDL whose forward is nearly free (TDL 16 on the 2-core CPU). CRT, when not
+probe). The first step uses the largest TDL whose forward is nearly free (a small one on a CPU). CRT, when not
 given, scales with TDL as in the paper (round(TDL / 6): 16 at 96), but at least FL (a smaller reserve never
 grows a second level); with tdl="auto" a given crt is used for every TDL that admits it.
 

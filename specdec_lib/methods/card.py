@@ -21,11 +21,12 @@ Modes (`mode`):
   raced a correction is rolled back. On one machine
   this SIMULATES the paper's two GPUs: the two threads share the CPU, each with ONE intra-op thread -
   torch.set_num_threads is process-global, so start sets 1 for the whole process and finish restores the old
-  value (torch kernels release the GIL, so the two overlap on the 2 cores as far as the kernels go).
+  value (torch kernels release the GIL, so the two overlap on the CPU's cores as far as the kernels go).
   A worker exception is recorded and re-raised in the next propose/observe, or in finish; finish stops the
   worker and joins it (with a timeout) on every exit: EOS, max_new_tokens, or an exception on either side.
-  Measured: on small models the forwards are mostly Python work under the GIL, so the two threads slow each
-  other down (the target's verify nearly doubles); "process" is the real concurrency on a CPU;
+  On small models the forwards are mostly Python work under the GIL, so the two threads slow each other down
+  (the target's verify takes markedly longer; notebook 07 measures it); "process" is the real concurrency on a
+  CPU;
 - "process": the drafter in a forked child process (mechanisms/card_process.py), as the paper's two processes:
   the same readiness rule, over the tree copy the child publishes after every layer; corrections go to the
   child, which applies them between two forwards (a layer in flight is kept and then corrected); in greedy

@@ -30,7 +30,7 @@ greedy walk or the speculative-sampling rule verify.speculative_chain, the commi
 emits every token with probability exactly p (Leviathan et al., Appendix A.1): the contract test checks it
 against an exact enumeration, with a negative control.
 
-Draft budget from this machine (issue 14, mechanisms/budget.py): gamma="auto" picks, each step, the gamma in
+Draft budget from this machine (mechanisms/budget.py): gamma="auto" picks, each step, the gamma in
 1..16 maximising E[tokens | gamma] / (gamma x t_draft(1) + t_target(gamma + 1)), E from the per-depth acceptance
 counted online, t_draft and t_target the two models' forward costs measured here once (cached per device +
 model + dtype; `costs=` / `draft_costs=` inject them). adaptive=True is HF's heuristic instead (+2 after a full

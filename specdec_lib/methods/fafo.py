@@ -24,9 +24,9 @@ What the paper leaves open, and what we chose:
 - retrieval counts as use for the LRU order; a subsequence cached under several prefixes is one candidate;
 - the stream's next token is the argmax of its last row also when the loop samples (it is only a guess).
 
-Draft budget (issue 14): `candidates` caps the find-out candidates verified per step (None: `streams`, the
-paper's n); `candidates="auto"` picks the cap each step from CANDIDATE_LADDER (up to n) as Lookahead's
-guesses="auto" does (mechanisms/budget.TreeBudget: the tree of the neighbouring caps is rebuilt from the same
+Draft budget (mechanisms/budget.py): `candidates` caps the find-out candidates verified per step (None:
+`streams`, the paper's n); `candidates="auto"` picks the cap each step from CANDIDATE_LADDER (up to n) as
+Lookahead's guesses="auto" does (budget.TreeBudget: the tree of the neighbouring caps is rebuilt from the same
 retrieved candidates, a subset, and its yield read off the emitted path; `costs=` injects the cost curve). The
 number of streams stays fixed: a stream pays now (k fumble rows) for candidates it caches for LATER steps, so
 what another stream count would have yielded cannot be read off one step, and n fixes the fumble rows' layout.

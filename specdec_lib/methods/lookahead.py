@@ -30,7 +30,7 @@ Choices and simplifications (say them when comparing with the paper):
   reference (POOL_FROM_PROMPT=True); `from_text=False` pools the window's n-grams only;
 - guesses ride already during warm-up (the reference waits for N-1 levels), and are cut to the budget;
 - newest n-gram first, G per key, a repeated n-gram moves to the front (the reference keeps it LRU at the back);
-- guesses="auto" (issue 14, mechanisms/budget.py): the pool keeps 14 n-grams per key and each step proposes the
+- guesses="auto" (mechanisms/budget.py): the pool keeps 14 n-grams per key and each step proposes the
   first g of them, g from GUESS_LADDER maximising expected tokens / t(1 + guess nodes + window rows) with t the
   target's cost curve measured here (cached; `costs=` injects one); the trees of the neighbouring g's are rebuilt
   to learn their yields from the emitted path, and every 16th step probes the next larger g. W and N stay fixed (the

@@ -19,7 +19,7 @@ Defaults: max_ngram=3 and num_tokens=10 (the original's; HF's max n is 2).
 Lookup cost: an index {n-gram: position} per n, extended with the new tokens after each step, so a step
 costs O(new tokens * max_ngram), not a scan of the whole text (the original and HF scan with unfold).
 
-Draft budget from this machine (issue 14, mechanisms/budget.py): num_tokens="auto" picks, at each match, the
+Draft budget from this machine (mechanisms/budget.py): num_tokens="auto" picks, at each match, the
 chain length g in 1..32 maximising E[tokens | g] / t(g + 1), E from P(accept depth d | depth d reached) counted
 over this generation's matched steps, t the target's forward cost measured here once (cached per device + model
 + dtype; `costs=` injects one).

@@ -3,28 +3,27 @@
     python -m specdec_lib.tools.distill_draft --out /tmp/draft --init target --layers 0 --minutes 90 \\
         --log /tmp/draft/progress.jsonl          # the best draft in /tmp/draft; copy it to data/models/draft
 
-Why: the pair from `train_tiny` was trained in about a minute per model on a GPU; its one-layer, width-160 draft
-agrees with the target on 53% of held-out tokens, and its held-out loss is 0.6 nats above the target's. Notebook
-00's speedup model says what a bigger draft may cost: expected tokens per target-forward time =
-(1 - a^(g+1)) / ((1 - a)(g c + 1)) for per-token acceptance a, draft length g and draft/target cost ratio c.
-Measured on the 2-core CPU, the shipped draft has c = 0.09 (1.52 at a = 0.53, g = 3); one layer of the target's
-own width costs c = 0.12 and breaks even at a = 0.565; two such layers cost c = 0.18 and break even at a = 0.655.
+Why: the pair from `train_tiny` was trained in minutes on a GPU; its one-layer, width-160 draft agrees with the
+target on about half of the held-out tokens (the model card, data/models/README.md). Notebook 00's speedup model
+says what a bigger draft may cost: expected tokens per target-forward time = (1 - a^(g+1)) / ((1 - a)(g c + 1))
+for per-token acceptance a, draft length g and draft/target cost ratio c. On a CPU every decoder layer of the
+target's own width raises c, so such a draft must agree with the target more often just to break even with the
+shipped one: a little more with one layer, much more with two (data/results/distill_draft.md has the measured
+ratios and break-even points).
 
 So the default here builds the draft from the target itself (`--init target`): the target's embeddings (tied
 with its output head), final norm and the decoder layers named by `--layers` (default: the first), then distils
 it as `train_tiny` does (0.2 x cross-entropy + 0.8 x KL(p || q), p the target's next-token distribution, q the
 draft's). Starting from the target's own embedding, layer and head, the draft starts in the target's space
-(0.18 agreement before any step). `--init shipped` continues the shipped draft. `--device auto` uses CUDA when
-present (float32: the models are tiny).
+(it agrees with the target well above chance before any step). `--init shipped` continues the shipped draft.
+`--device auto` uses CUDA when present (float32: the models are tiny).
 
 Progress (held-out agreement, losses, speed) goes as JSON lines to `--log` every `--eval-every` steps, and the
 best draft so far (by agreement) is saved to `--out` each time, so the job can be stopped at any point.
 
-Measured here (2-core CPU, batch 8 x 512, agreement on the first 40k held-out tokens): continuing the shipped
-draft (`--init shipped --lr 5e-4 --distill-weight 1.0`) moved it from 0.505 to 0.493-0.502 over 1500 steps
-(6M tokens, 28 minutes): the small CPU batch shakes a converged draft more than it teaches it. A width-256 draft
-from the target's first layer went from 0.18 to 0.33 in 200 steps; the shipped draft saw 82M tokens on a GPU, so
-this needs a GPU too (about 1.2 minutes there for the shipped draft's budget).
+On a CPU (data/results/distill_draft.md has the runs): continuing the shipped draft does not improve it, since
+the small CPU batch shakes a converged draft more than it teaches it; a draft built from the target's first layer
+learns, but the shipped draft's token budget is out of a CPU's reach, so this needs a GPU too.
 
 Simplifications: the teacher runs live (no cached logits), a fixed cosine schedule over `--steps` (or as many
 steps as `--minutes` allows at the measured speed), agreement measured on the first `--eval-tokens` held-out

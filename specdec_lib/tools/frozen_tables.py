@@ -74,7 +74,7 @@ def ensure_frozen_table(tokenizer, leader_len: int = 1, follower_len: int = 3, l
     named by the tokenizer's hash, the corpus tag, LL, FL, LC and FC; else build it from `texts` (default: the
     training split of the standard-library corpus, loaded with `datasets`; pass other texts with a
     `corpus_tag` naming them, e.g. a hub dataset's column) and save it there. A build counts every window of
-    the corpus: about half a minute per table for the standard library on 2 CPU cores."""
+    the corpus (tens of seconds per table for the standard library on a small CPU)."""
     import tempfile
 
     for name, value in dict(leader_len=leader_len, follower_len=follower_len, leader_capacity=leader_capacity,

@@ -9,12 +9,11 @@ down with its error, and the next one runs):
 3. `bench`: every method and peer on the code suite with the tiny pair (`BENCH_METHODS`);
 4. `flex_layout`: `bench.flex_layout`'s per-step costs from 1k to 64k cached tokens;
 5. `hub_shapes`: forward-cost curves of randomly initialised models shaped like the hub pair (`HUB_SHAPES`:
-   timing only, nothing is downloaded, the device machines reach no hub).
+   timing only, nothing is downloaded, so it runs on a GPU machine that reaches no hub).
 
 Everything lands under `<out>/<device>/` (device: the GPU's name, e.g. `nvidia-h100-80gb-hbm3`): the executed
 notebooks and their pages, one CSV per step, `summary.json` and `summary.md` (one table of steps, then each
-step's table). `--budget-s` (default 1200: the 20 minutes a lent device allows) skips the steps left when time
-runs out, saying so.
+step's table). `--budget-s` (default 1200: 20 minutes) skips the steps left when time runs out, saying so.
 
 On CUDA the bench runs CARD in the three ways one GPU allows (`GPU_CARD`): the drafter on a second CUDA stream
 (thread mode), and on the CPU cores beside the GPU target (`draft_device="cpu"`, thread and process modes).
@@ -23,8 +22,8 @@ On CUDA the bench runs CARD in the three ways one GPU allows (`GPU_CARD`): the d
 one notebook in SMOKE mode, two prompts of 8 tokens, one short layout case, scaled-down hub shapes; the models
 run in bfloat16 (`--dtype`), so the half-precision paths run on a CPU too. Its folder is `<out>/cpu-dry/`.
 
-The device image lacks some wheels the notebooks need (datasets, plotly, ipywidgets, nbclient, ...): README's
-"GPU" section says how to carry them. Simplifications: one GPU.
+A bare GPU image may lack some wheels the notebooks need (datasets, plotly, ipywidgets, nbclient, ...): README's
+"GPU" section says how to install them without an index. Simplifications: one GPU.
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ Why each piece:
   when `mathjax_url` names a local copy (otherwise the math stays readable TeX such as `$\\gamma$`), and
   `plotly.min.js` from a file written once beside the pages.
 
-Simplifications: no PNG fallback (kaleido needs a Chrome of its own per export and is slow on 2 cores), so
+Simplifications: no PNG fallback (kaleido needs a Chrome of its own per export and is slow on a small CPU), so
 viewers that run no scripts at all (GitHub's) show the figure's text/plain only.
 """
 from __future__ import annotations

@@ -3,17 +3,17 @@
     python -m specdec_lib.tools.train_tiny --out data/models              # full run (profile picked by device)
     python -m specdec_lib.tools.train_tiny --out /tmp/m --quick            # a few steps on a few files (tests)
 
-Why our own pair: nothing can be downloaded here, and speculative decoding needs a target and a draft that
-share a vocabulary, where the draft is much cheaper and agrees with the target often. So:
+Why our own pair: every notebook must run offline on a CPU, and speculative decoding needs a target and a draft
+that share a vocabulary, where the draft is much cheaper and agrees with the target often. So:
 - the target is deep (8 layers, width 256), the draft is one narrow layer (width 160): a single-token forward
   of the draft costs several times less than the target's on a CPU;
 - the draft is distilled from the target: its loss is 0.2 x cross-entropy on the corpus + 0.8 x KL(p || q) to
   the target's next-token distribution p (q is the draft's), which raises their top-1 agreement;
 - both share one tokenizer (vocabulary 4096, `<|endoftext|>` as end of text and padding).
 
-Profiles: `cpu` (about an hour on 2 cores, and a much weaker pair: 1.2M target tokens) and `gpu` (41M target
-tokens, about 2.5 minutes on one H200). The shipped models were trained with the profile their model card
-names (`gpu`).
+Profiles: `cpu` (sized for about an hour on 2 cores, and a much weaker pair: 1.2M target tokens) and `gpu` (41M
+target tokens, minutes on a GPU). The shipped models were trained with the profile their model card names
+(`gpu`); the card also records the device and the time it took.
 
 Simplifications: no dropout, no validation-based early stopping (fixed cosine schedule), files are packed
 into fixed-length blocks separated by the end-of-text token, and a block may span two files.
@@ -55,8 +55,8 @@ class Profile:
 
 PROFILES = {
     "gpu": Profile(),
-    # Sized to the measured cost on 2 shared cores (target ~275-550 tokens/s, distilled draft ~750-1500):
-    # 600 + 400 steps of 4 x 512 tokens take about an hour. 1.2M target tokens: a weaker pair than "gpu"'s.
+    # Sized for about an hour on 2 shared cores: 600 + 400 steps of 4 x 512 tokens. 1.2M target tokens: a
+    # weaker pair than "gpu"'s.
     "cpu": Profile(batch_size=4, block_size=512, target_steps=600, draft_steps=400),
     # Tiny models, a few files, a few steps: what the tests run (seconds on a CPU).
     "quick": Profile(vocab_size=512, block_size=64, target_layers=2, target_width=32, target_mlp=64,

@@ -86,7 +86,8 @@ class CacheStep:
 def cache_steps(steps, prompt_length: int) -> list[CacheStep]:
     """`CacheStep` records from the `"draft_model"` step records: `result.stats["steps"]` (dicts with
     tree_size, accepted, emitted, full) or a `GenerationResult` carrying them. Pure bookkeeping (see the module
-    doc), checked against the method's real caches in tests/test_viz_caches.py."""
+    doc), checked against the method's real caches in tests/test_viz.py
+    (`test_cache_steps_match_the_real_caches`)."""
     steps = step_records(steps)
     if prompt_length < 1:
         raise ValueError(f"prompt_length must be >= 1, got {prompt_length}")
