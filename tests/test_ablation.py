@@ -7,7 +7,7 @@ from specdec_lib import viz
 from specdec_lib.bench import ablation
 
 from conftest import all_match_hf
-from specdec_lib.tools.frozen_tables import ensure_frozen_table, frozen_table_path
+from specdec_lib.tables import ensure_frozen_table, frozen_table_path
 
 RUN = dict(max_new_tokens=12, repeats=1, limit=1, progress=False)
 
@@ -47,7 +47,7 @@ def test_table1_and_sweep(tiny_pair):
 
 
 def test_ll_fl_grid_with_tables_built_on_demand(tiny_pair, tmp_path, monkeypatch):
-    from specdec_lib.tools import frozen_tables
+    from specdec_lib import tables as frozen_tables
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     texts = ["for i in range(10):\n    total += i\n" * 20, "def f(x):\n    return x + 1\n" * 10]

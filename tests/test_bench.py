@@ -11,7 +11,7 @@ import pytest
 from specdec_lib import load_models
 from specdec_lib.models import PROMPTS_DIR
 from specdec_lib.bench import load_suite, parse_variant, run_bench, summarize
-from specdec_lib.tools.corpus import is_heldout
+from specdec_lib.corpus import is_heldout
 
 ROOT = Path(__file__).resolve().parent.parent
 METHODS = ["hf", "autoregressive", "hf_prompt_lookup", "hf_assisted"]

@@ -18,7 +18,7 @@ from specdec_lib.mechanisms.draft_tree import DraftTree
 from conftest import SHIPPED_PROMPTS, autoregressive_samples, random_lm, repeating_prompt
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
-              pytest.mark.filterwarnings("ignore::specdec_lib.tools.frozen_tables.NoFrozenTableWarning")]
+              pytest.mark.filterwarnings("ignore::specdec_lib.tables.NoFrozenTableWarning")]
 
 FLAT = B.CostCurve.from_points({1: 10.0, 128: 10.5})            # extra rows nearly free (a GPU)
 STEEP = B.CostCurve.from_points({1: 10.0, 2: 20.0, 128: 1280.0})  # every row costs a whole forward

@@ -15,9 +15,9 @@ import torch
 
 from specdec_lib import compat, generate, loop
 from specdec_lib.mechanisms import verify as tree_verify
-from specdec_lib.tools import frozen_tables as cb
+from specdec_lib import tables as cb
 from specdec_lib.mechanisms.ngram_table import FrozenNgramTable
-from specdec_lib.tools.frozen_tables import frozen_table_path
+from specdec_lib.tables import frozen_table_path
 
 from conftest import SHIPPED_PROMPTS, autoregressive_samples, random_lm, repeating_prompt
 

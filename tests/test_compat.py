@@ -147,7 +147,7 @@ def test_forward_counter_sees_a_prefill_then_one_row_per_step(pair):
     assert counter.starts == [0, 9, 10, 11, 12]
 
 
-@pytest.mark.filterwarnings("ignore::specdec_lib.tools.frozen_tables.NoFrozenTableWarning")
+@pytest.mark.filterwarnings("ignore::specdec_lib.tables.NoFrozenTableWarning")
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_no_method_warns_a_deprecation(pair, method):
     target, draft = pair

@@ -28,7 +28,7 @@ from conftest import SHIPPED_PROMPTS, random_lm, repeating_prompt
 
 ALL = sorted(METHODS)
 pytestmark = [pytest.mark.usefixtures("one_thread"),
-              pytest.mark.filterwarnings("ignore::specdec_lib.tools.frozen_tables.NoFrozenTableWarning")]
+              pytest.mark.filterwarnings("ignore::specdec_lib.tables.NoFrozenTableWarning")]
 
 
 def run(method, target, ids, n, draft=None, **kwargs):

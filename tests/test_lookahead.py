@@ -82,6 +82,7 @@ class _Verdict:
         self.side_logits = torch.zeros(len(preds), vocab)  # (W, V): the last level's rows (logits_rows)
         self.side_logits[torch.arange(len(preds)), torch.tensor(preds)] = 1.0
         self.emitted = list(emitted)
+        self.proposal = loop.Proposal(DraftTree(0))  # a step with no guesses: nothing for the chooser
 
 
 def _started(window, ngram, guesses, prompt=(1, 2, 3, 4)):
@@ -115,7 +116,7 @@ def test_warm_up_then_the_pool_fills_from_the_columns():
     proposal = proposer.propose(state, budget=2)
     assert len(proposal.tree) == 4 and proposal.tree.max_depth == 2  # two guesses of N - 1 = 3, cut to 2
     assert {tuple(proposal.tree.path_tokens(leaf)) for leaf in proposal.tree.leaves()} == {(23, 33), (21, 31)}
-    assert proposal.info == dict(guesses=2, levels=N - 1, pool=proposer.pool.size)
+    assert proposal.info == dict(guesses=2, levels=N - 1, pool=proposer.pool.size, draft_size=2)
     assert proposal.side.depths == [1 + i + j for i in range(N - 1) for j in range(W)]
     assert proposal.side.logits_rows == list(range((N - 2) * W, (N - 1) * W))  # the last level's rows
 

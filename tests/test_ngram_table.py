@@ -13,7 +13,7 @@ import torch
 
 from specdec_lib import FrozenNgramTable, NgramTable
 from specdec_lib.mechanisms.ngram_table import tokenizer_meta
-from specdec_lib.tools.frozen_tables import build_frozen_table
+from specdec_lib.tables import build_frozen_table
 
 
 class RefTable:
@@ -339,7 +339,7 @@ def test_build_from_texts_with_shipped_tokenizer(tokenizer, tmp_path):
 
 
 def test_build_frozen_table_accepts_plain_corpus_columns_and_refuses_non_text():
-    from specdec_lib.tools.frozen_tables import build_frozen_table
+    from specdec_lib.tables import build_frozen_table
     from transformers import AutoTokenizer
     from specdec_lib.models import TINY_DIR
 
@@ -355,7 +355,7 @@ def test_build_frozen_table_accepts_plain_corpus_columns_and_refuses_non_text():
 def test_ensure_frozen_table_builds_once_and_is_found_by_cacheback(tokenizer, tmp_path, monkeypatch):
     from specdec_lib.methods import cacheback as cb
     from specdec_lib import load_models
-    from specdec_lib.tools.frozen_tables import cached_table_path, ensure_frozen_table, frozen_table_path
+    from specdec_lib.tables import cached_table_path, ensure_frozen_table, frozen_table_path
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     # the shipped table is returned as it is for the tokenizer it was built with

@@ -6,7 +6,7 @@ import json
 import torch
 
 from specdec_lib import generate, load_models
-from specdec_lib.tools.corpus import is_heldout, load_corpus
+from specdec_lib.corpus import is_heldout, load_corpus
 from specdec_lib.tools.train_tiny import main
 
 

@@ -95,7 +95,7 @@ def ll_fl_grid(pair, suite, lls: Sequence[int] = (1, 2, 3), fls: Sequence[int] =
                **run) -> pd.DataFrame:
     """Figure 4: speedup and MAT for every (LL, FL). frozen_for(ll, fl) -> the frozen table to use (a path,
     a table, or False); default: whatever frozen=True finds. One run per LL (see the module doc)."""
-    from ..tools import frozen_tables
+    from .. import tables as frozen_tables
 
     rows = []
     for i, ll in enumerate(lls):

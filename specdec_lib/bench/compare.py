@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..mechanisms.budget import CostCurve
+
 START, END = "<!-- bench-table:start -->", "<!-- bench-table:end -->"
 
 
@@ -61,8 +63,7 @@ def by_category(runs: pd.DataFrame) -> pd.DataFrame:
 def efficiency(runs: pd.DataFrame, costs: pd.DataFrame) -> pd.DataFrame:
     """Per method with step records: MAT, rows per step, its bound MAT x t(1) / t(rows), the measured speedup
     and the share of the bound it keeps. `costs`: `costs.forward_cost(target, rows)` (one model)."""
-    curve = costs.sort_values("rows")
-    t = lambda rows: float(np.interp(rows, curve["rows"], curve["median_ms"]))  # noqa: E731
+    t = CostCurve(costs["rows"].tolist(), costs["median_ms"].tolist())  # read as the auto budgets read a curve
     totals = runs.groupby("method", sort=False)[["new_tokens", "wall_seconds", "target_forwards"]].sum()
     hf_speed = totals.loc["hf", "new_tokens"] / totals.loc["hf", "wall_seconds"]
     out = []

@@ -126,7 +126,7 @@ class CostCurve:
     @classmethod
     def measure(cls, model, rows: Sequence[int] = MEASURE_ROWS, prefix: int = 256, repeats: int = 7,
                 cache: bool = True) -> "CostCurve":
-        """The curve of `model` here (bench.costs.verify_cost: the loop's own verify + commit), read from the
+        """The curve of `model` here (step_cost.verify_cost: the loop's own verify + commit), read from the
         on-disk cache when this device + model + dtype was measured before (cache=False: measure anew)."""
         key = model_key(model)
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
@@ -139,7 +139,7 @@ class CostCurve:
                 curve = _MEMO[digest] = cls(data["rows"], data["ms"], key)
                 curve.path = path
                 return curve
-        from ..bench.costs import verify_cost  # timing lives in bench/, not in the mechanisms
+        from .step_cost import verify_cost  # imported here: step_cost imports verify, which is heavier
         limit = getattr(model.config, "max_position_embeddings", None) or prefix + max(rows)
         rows = [r for r in rows if r <= limit - 1] or [1]
         prefix = max(1, min(prefix, limit - max(rows)))

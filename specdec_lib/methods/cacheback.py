@@ -20,7 +20,7 @@ prefill (folded into the first forward, for every attention backend) and the per
 loop's (loop.py).
 
 Frozen tables: frozen=True takes the shipped one for (LL, FL), or one counted earlier for this tokenizer;
-frozen="build" counts it now from the standard-library corpus (tools.frozen_tables.ensure_frozen_table,
+frozen="build" counts it now from the standard-library corpus (tables.ensure_frozen_table,
 cached on disk); a path or a table is used as given. dynamic=False drafts from the frozen table alone (Table 1).
 The verifying forward projects only the tree rows the walk reads through the LM head (lazy_head=True,
 verify.RowLogits): on a CPU that is a sixth of the tiny target's work per row.
@@ -45,7 +45,7 @@ from ..loop import LoopState, Proposal, Proposer, register_proposer
 from ..mechanisms.budget import TreeBudget, check_budget, check_costs, chooser_stats, is_auto, resolve_curve
 from ..mechanisms.draft_tree import grow_tree
 from ..mechanisms.ngram_table import NgramTable
-from ..tools.frozen_tables import resolve_frozen
+from ..tables import resolve_frozen
 
 
 TDL_LADDER = (8, 12, 16, 24, 32, 48, 64, 96)  # tdl="auto" picks among these

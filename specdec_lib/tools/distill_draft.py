@@ -39,7 +39,8 @@ from pathlib import Path
 
 import torch
 
-from .corpus import load_corpus
+from ..corpus import load_corpus
+from ..models import resolve_device
 from .train_tiny import encode_split, heldout_metrics, lr_at, random_blocks, train_step
 
 MODELS = Path(__file__).resolve().parents[2] / "data" / "models"
@@ -150,8 +151,7 @@ def main(argv=None):
     corpus = load_corpus(Path(args.corpus_dir) if args.corpus_dir else models / "_corpus", max_files=args.max_files)
     train = encode_split(tokenizer, corpus["train"]["text"])
     held = encode_split(tokenizer, corpus["heldout"]["text"])
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if args.device == "auto" else args.device)
+    device = resolve_device(args.device)
     target, draft = target.to(device), draft.to(device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

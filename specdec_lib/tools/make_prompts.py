@@ -30,7 +30,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from .corpus import is_heldout, stdlib_files
+from ..corpus import is_heldout, stdlib_files
 from ..models import PROMPTS_DIR, TINY_DIR
 
 PROMPT_TOKENS = 300  # code prompts: at most this many tiny-tokenizer tokens

@@ -75,7 +75,7 @@ def build_card(models_dir: Path = TINY_DIR, threads: int | None = None) -> str:
         f"also padding), context {t_cfg.max_position_embeddings} tokens.",
         f"- Corpus: {info['train_files']} training files ({info['train_tokens']:,} tokens) and "
         f"{info['heldout_files']} held-out files ({info['heldout_tokens']:,} tokens) of the standard library "
-        "(tests excluded); whole files are held out by a hash of their path (`specdec_lib.tools.corpus`).",
+        "(tests excluded); whole files are held out by a hash of their path (`specdec_lib.corpus`).",
         f"- Profile `{info['profile']}`, seed {info['seed']}, trained on {info['device_name']} with torch "
         f"{info['torch']} (bf16 autocast on GPU); timings above measured on {platform.processor() or platform.machine()} "
         f"with {torch.get_num_threads()} threads, torch {torch.__version__}, median of 30 after 5 warm-ups, "

@@ -19,8 +19,10 @@ def banner() -> str:
     import specdec_lib
 
     transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bars in the outputs
-    device = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
-              else f"CPU only ({torch.get_num_threads()} threads)")
+    from specdec_lib.models import gpu_name, resolve_device
+
+    found = resolve_device("auto")
+    device = gpu_name(found) if found.type == "cuda" else f"CPU only ({torch.get_num_threads()} threads)"
     text = (f"torch {torch.__version__} | transformers {transformers.__version__} | specdec_lib "
             f"{specdec_lib.__version__}\ndevice: {device}")
     print(text)

@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .corpus import load_corpus
+from ..corpus import load_corpus
+from ..models import resolve_device
 
 EOT = "<|endoftext|>"
 
@@ -174,8 +175,7 @@ def train_pair(out: Path, profile: str = "gpu", seed: int = 0, device: str = "au
                corpus_dir: Path | None = None) -> dict:
     """Train tokenizer, target and draft; save them under out/{tokenizer,target,draft}; return the metrics."""
     prof = PROFILES[profile]
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
-                       ("cpu" if device == "auto" else device))
+    dev = resolve_device(device)
     torch.manual_seed(seed)
     out = Path(out)
     started = time.time()

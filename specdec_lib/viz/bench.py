@@ -123,14 +123,17 @@ def _bars(table, title: str) -> go.Figure:
     return fig
 
 
-METHOD_SETTINGS = {  # explorer: the sliders each method reads
-    "cacheback": ("tdl", "crt", "ll", "fl", "merge", "tables"),
-    "prompt_lookup": ("num_tokens", "max_ngram"),
-    "hf_prompt_lookup": ("num_tokens", "max_ngram"),
-    "draft_model": ("gamma",),
-    "hf_assisted": ("gamma",),
-    "autoregressive": (),
-}
+EXPLORED = ("cacheback", "prompt_lookup", "hf_prompt_lookup", "draft_model", "hf_assisted", "autoregressive")
+CONTROLS = ("tdl", "crt", "ll", "fl", "merge", "num_tokens", "max_ngram", "gamma")  # the explorer's settings
+
+
+def method_settings(method: str) -> tuple[str, ...]:
+    """The explorer's controls `method` reads: the options METHODS records for it among CONTROLS, and Table 1's
+    tables (frozen/dynamic) when it takes frozen=."""
+    from ..decoding import METHODS
+
+    options = METHODS[method].options
+    return tuple(name for name in CONTROLS if name in options) + (("tables",) if "frozen" in options else ())
 
 
 def _values(text: str) -> list:
@@ -157,7 +160,7 @@ def ablation_explorer(pair, suites: Sequence[str] = ("code", "editing"), prompts
 
     from ..bench.ablation import TABLE1, run_variants
 
-    method = widgets.Dropdown(options=list(METHOD_SETTINGS), value="cacheback", description="method")
+    method = widgets.Dropdown(options=list(EXPLORED), value="cacheback", description="method")
     suite = widgets.Dropdown(options=list(suites), description="suite")
     ints = {name: widgets.IntSlider(value=v, min=lo, max=hi, description=name, continuous_update=False)
             for name, v, lo, hi in (("tdl", 96, 2, 160), ("crt", 16, 0, 64), ("ll", 1, 1, 3), ("fl", 3, 1, 5),
@@ -175,7 +178,7 @@ def ablation_explorer(pair, suites: Sequence[str] = ("code", "editing"), prompts
     state: dict = {}
 
     def on_method(_=None):
-        used = METHOD_SETTINGS[method.value]
+        used = method_settings(method.value)
         for name, w in controls.items():
             w.disabled = name not in used
         sweep_param.options = ["(none)"] + [n for n in used if n != "tables"] + (["tables"] if "tables" in used else [])
@@ -183,7 +186,7 @@ def ablation_explorer(pair, suites: Sequence[str] = ("code", "editing"), prompts
 
     def settings_of() -> dict:
         out = {}
-        for name in METHOD_SETTINGS[method.value]:
+        for name in method_settings(method.value):
             if name == "tables":
                 out.update(TABLE1[tables.value])
             else:
