@@ -1,4 +1,4 @@
-"""CARD (methods/card.py, mechanisms/card_tree.py): the drafter's tree against a by-hand top-K beam, hit/miss
+"""CARD (methods/card.py, mechanisms/card_tree.py, card_drafter.py): the drafter's tree against a by-hand top-K beam, hit/miss
 corrections, thread and process modes = sync mode, clean shutdown of the worker thread / drafter process,
 process-mode sampling against the target's exact distribution, bad settings."""
 from __future__ import annotations
@@ -183,7 +183,7 @@ def test_concurrent_modes_shut_down_when_observe_raises(models, monkeypatch, mod
 def test_a_worker_exception_reaches_the_caller(models, monkeypatch):
     target, draft, ids = models
     calls = []
-    original = card_module.CardTree.forward
+    original = CardTree.forward
 
     def forward(self, job):
         calls.append(threading.current_thread().name)
@@ -191,7 +191,7 @@ def test_a_worker_exception_reaches_the_caller(models, monkeypatch):
             raise ValueError("drafter failed")
         return original(self, job)
 
-    monkeypatch.setattr(card_module.CardTree, "forward", forward)
+    monkeypatch.setattr(CardTree, "forward", forward)
     _, error = in_time(lambda: generate("card", target, ids, 30, draft=draft, mode="thread"))
     assert isinstance(error, RuntimeError) and isinstance(error.__cause__, ValueError), error
     assert set(calls) == {WORKER_NAME}  # only the worker drafts in thread mode

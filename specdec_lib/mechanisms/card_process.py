@@ -38,6 +38,7 @@ import signal
 import time
 import traceback
 import warnings
+from contextlib import contextmanager
 
 import torch
 
@@ -123,10 +124,14 @@ def buffer_rows(width: int, max_depth: int) -> int:
 
 
 class DrafterProcess:
-    """The parent's handle on the drafter process: `wait(ready)`, `correct(committed)`, `close()`."""
+    """The parent's handle on the drafter process, with card_drafter's interface: `query(ready, grow_after)`,
+    `correct(committed)`, `close()`, `layers`, `draft_busy`. threads: the child's intra-op threads;
+    parent_threads: the parent's while the child runs (None: left as they are)."""
+
+    discarded = 0  # a layer in flight when a correction comes is kept and corrected, never discarded
 
     def __init__(self, draft, width: int, committed: list[int], max_depth: int, share_logits: bool,
-                 threads: int = 1, wait_s: float = 120.0):
+                 threads: int = 1, wait_s: float = 120.0, parent_threads: int | None = None):
         device = next(draft.parameters()).device
         if device.type != "cpu":
             raise ValueError(f"card mode='process' runs the draft in a forked CPU process; the draft is on {device}"
@@ -138,6 +143,7 @@ class DrafterProcess:
                        if share_logits else None)
         self.committed, self.epoch, self.wait_s = list(committed), 0, wait_s
         self.latest, self.ahead, self.draft_busy, self.done, self.failed = None, None, [], None, False
+        self.layers_at_query = 0
         context = multiprocessing.get_context("fork")
         self.conn, child_conn = context.Pipe()
         self.process = context.Process(
@@ -147,6 +153,24 @@ class DrafterProcess:
             warnings.simplefilter("ignore", DeprecationWarning)
             self.process.start()
         child_conn.close()
+        self.threads = torch.get_num_threads()
+        if parent_threads is not None:
+            torch.set_num_threads(parent_threads)
+
+    @property
+    def layers(self) -> int:
+        """Draft forwards so far (the child's own count once it has stopped)."""
+        if self.done is not None:
+            return self.done["layers"]
+        return self.latest["layers"] if self.latest is not None else 0
+
+    @contextmanager
+    def query(self, ready, grow_after: bool):
+        """The newest tree for which ready(tree, layers since the last query) holds (None: any tree of the current
+        correction), waiting for the child; the parent's copy, so the child keeps drafting meanwhile."""
+        tree = self.wait(lambda t: ready is None or ready(t, t.layers - self.layers_at_query))
+        since, self.layers_at_query = tree.layers - self.layers_at_query, tree.layers
+        yield tree, since
 
     def _receive(self, timeout: float) -> bool:
         """Handle one message if one comes within `timeout` s; False when none came. The first failure (the
@@ -223,7 +247,10 @@ class DrafterProcess:
         return hit
 
     def close(self) -> None:
-        """Stop the child (it applies the corrections sent before), wait for it, terminate it if it hangs."""
+        """Stop the child (it applies the corrections sent before), wait for it, terminate it if it hangs; the
+        parent's threads are restored. Once."""
+        if self.conn.closed:
+            return
         try:
             if self.process.is_alive() and not self.failed:
                 self._send(("stop",))
@@ -231,6 +258,7 @@ class DrafterProcess:
                 while self.done is None and time.monotonic() < deadline:
                     self._receive(min(1.0, deadline - time.monotonic()))
         finally:
+            torch.set_num_threads(self.threads)
             self.process.join(5.0)
             if self.process.is_alive():
                 self.process.terminate()

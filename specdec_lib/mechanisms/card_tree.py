@@ -211,6 +211,10 @@ class CardTree(TreeShape):
             self.depths.append(1 if p == ROOT else self.depths[p] + 1)
             self.scores.append(score)
 
+    @property
+    def root_fed(self) -> bool:
+        return self.root_logits is not None
+
     def grow(self) -> None:
         """One layer, in the caller's thread (sync mode)."""
         job = self.plan()

@@ -8,17 +8,16 @@ while the target queries ONE chain from it per step and sends back the correctio
     observe: correct the tree: hit (the target's token is a child of the last accepted node) -> prune to that
              subtree; miss -> reset from the correct token
 
-Modes (`mode`):
+Modes (`mode`), each a drafter of mechanisms/card_drafter.py behind one interface (query, correct, close):
 - "sync": deterministic fixed interleaving in the caller's thread: per target step the drafter adds exactly
   `ratio` layers (one draft forward each), run inside propose right AFTER the query, i.e. where they would run
   concurrently with the target's verify, so that the correction sees them (a chain descends to a leaf: with
   the layers drafted before the query only, a fully accepted chain's bonus could never be a hit). Before a
   query the tree must be `ratio` deep: on the first step and after a miss the target waits for the drafter;
-- "thread": a worker thread ("card-drafter") adds layers continuously (up to `max_depth`) under a
-  threading.Condition while the target verifies; propose waits for the same readiness as sync mode (`ratio`
-  layers since the last query and a tree `ratio` deep, or the tree at max_depth). Only the worker runs draft
-  forwards and touches the draft's KV: observe hands it the correction (an epoch bump), and a forward that
-  raced a correction is rolled back. On one machine
+- "thread": a worker thread ("card-drafter") adds layers continuously (up to `max_depth`) while the target
+  verifies; propose waits for the same readiness as sync mode (`ratio` layers since the last query and a tree
+  `ratio` deep, or the tree at max_depth). Only the worker runs draft forwards and touches the draft's KV:
+  observe hands it the correction, and a forward that raced a correction is rolled back. On one machine
   this SIMULATES the paper's two GPUs: the two threads share the CPU, each with ONE intra-op thread -
   torch.set_num_threads is process-global, so start sets 1 for the whole process and finish restores the old
   value (torch kernels release the GIL, so the two overlap on the CPU's cores as far as the kernels go).
@@ -70,21 +69,20 @@ probabilities; the drafter stops at `max_depth` layers ahead of the root.
 from __future__ import annotations
 
 import copy
-import threading
 import time
 import weakref
-from contextlib import nullcontext
 
 import torch
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
 from ..mechanisms.budget import ChainBudget, check_budget, check_costs, chooser_stats, is_auto, resolve_curve
+from ..mechanisms.card_drafter import WORKER_NAME, SyncDrafter, ThreadDrafter, growable
 from ..mechanisms.card_process import DrafterProcess
-from ..mechanisms.card_tree import CardTree
 from ..mechanisms.draft_tree import ROOT, DraftTree
 
-WORKER_NAME = "card-drafter"
+__all__ = ["Card", "MODES", "WORKER_NAME", "draft_on"]
+
 MODES = ("sync", "thread", "process")
 WAIT_S = 120.0  # the longest propose waits for the drafter / finish waits for the worker to stop
 DRAFT_DEVICES = (None, "cpu")
@@ -127,200 +125,76 @@ class Card(Proposer):
         if not correction and mode != "sync":
             raise ValueError("correction=False (the Table 2 ablation) runs in mode='sync' only")
         self.correction = correction
-        self.worker = self.drafter = None
+        self.drafter = None
 
     # ---- lifecycle --------------------------------------------------------------------------------------
 
     def start(self, state: LoopState) -> None:
         req = state.request
         self.sampling, self.generator = req.sampling, req.generator
-        self.since_query, self.hits, self.misses = 0, 0, 0
-        self.draft_busy: list[tuple[float, float]] = []
+        self.hits, self.misses = 0, 0
         self.target_busy: list[tuple[float, float]] = []
         self._t_query = None
-        self.error, self.reported = None, False
         self.anchor = ROOT  # where queries start: the node spelling committed[-1] (None: the text left the tree)
         self.chooser = None
         if is_auto(self.query):  # the target's curve, read (or measured once) before the drafter starts
             self.chooser = ChainBudget(resolve_curve(self.costs, req.target), max_len=max(1, self.max_depth - 1))
         self.target_device = req.input_ids.device
-        draft = draft_on(req.draft, self.draft_device)
+        draft, committed = draft_on(req.draft, self.draft_device), state.committed
         # On a CPU both sides share the cores: one intra-op thread each. A GPU target needs few CPU threads:
         # it keeps what it has and a CPU drafter gets as many.
-        cpu_target = self.target_device.type == "cpu"
-        self.threads = torch.get_num_threads()
-        if self.mode == "process":
-            self.drafter = DrafterProcess(draft, self.width, state.committed, self.max_depth,
-                                          share_logits=not self.sampling.greedy,
-                                          threads=1 if cpu_target else self.threads, wait_s=WAIT_S)
-            self.tree, self.layers_at_query = None, 0
-            if cpu_target:
-                torch.set_num_threads(max(1, self.threads - 1))  # the draft's process has its own one
-            return
-        self.tree = CardTree(draft, self.width, state.committed)
+        cpu_target, threads = self.target_device.type == "cpu", torch.get_num_threads()
         if self.mode == "sync":
-            return
-        self.cond = threading.Condition()
-        self.stop, self.epoch, self.applied, self.pending, self.discarded = False, 0, 0, None, 0
-        # a CUDA drafter issues its kernels on a stream of its own, beside the target's default stream
-        self.stream = torch.cuda.Stream(self.tree.device) if self.tree.device.type == "cuda" else None
-        if cpu_target:
-            torch.set_num_threads(1)  # process-global: drafter and target get one intra-op thread each
-        self.worker = threading.Thread(target=self._work, name=WORKER_NAME, daemon=True)
-        self.worker.start()
+            self.drafter = SyncDrafter(draft, self.width, committed, self.max_depth, self.ratio)
+        elif self.mode == "thread":
+            self.drafter = ThreadDrafter(draft, self.width, committed, self.max_depth, WAIT_S,
+                                         threads=1 if cpu_target else None)
+        else:
+            self.drafter = DrafterProcess(draft, self.width, committed, self.max_depth,
+                                          share_logits=not self.sampling.greedy, wait_s=WAIT_S,
+                                          threads=1 if cpu_target else threads,
+                                          parent_threads=max(1, threads - 1) if cpu_target else None)
 
     def finish(self, state: LoopState) -> None:
-        if self.mode == "process":
-            self._close_drafter()
-            return
-        if self.worker is None:
-            return
-        with self.cond:
-            self.stop = True
-            self.cond.notify_all()
-        self.worker.join(WAIT_S)
-        alive, self.worker = self.worker.is_alive(), None
-        torch.set_num_threads(self.threads)
-        if alive:
-            raise RuntimeError(f"the CARD drafter did not stop within {WAIT_S} s")
-        self._raise_worker_error()
-
-    def _close_drafter(self) -> None:
-        """Process mode: stop the child and keep what it reported (its busy intervals and layer count)."""
-        if self.drafter is None:
-            return
-        drafter, self.drafter = self.drafter, None
-        try:
-            drafter.close()
-        finally:
-            torch.set_num_threads(self.threads)
-            self.draft_busy, self.draft_layers = list(drafter.draft_busy), (drafter.done or {}).get("layers")
-
-    def _raise_worker_error(self) -> None:
-        if self.error is not None and not self.reported:
-            self.reported = True
-            raise RuntimeError("the CARD drafter failed") from self.error
-
-    # ---- the worker (thread mode) -----------------------------------------------------------------------
-
-    def _work(self) -> None:
-        streamed = torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
-        try:  # grad mode and the current stream are per thread: the loop's inference_mode is not ours
-            with torch.inference_mode(), streamed:
-                while True:
-                    with self.cond:
-                        self.cond.wait_for(lambda: self.stop or self.pending is not None or self._can_grow())
-                        if self.stop:
-                            return
-                        if self.pending is not None:
-                            self.tree.correct(self.pending)
-                            self.pending, self.applied = None, self.epoch
-                            self.cond.notify_all()
-                            continue
-                        job, epoch = self.tree.plan(), self.epoch
-                    t0 = time.perf_counter()
-                    logits = self.tree.forward(job)  # outside the lock: the target verifies meanwhile
-                    if self.stream is not None:
-                        self.stream.synchronize()  # the layer is complete before the target may query it
-                    t1 = time.perf_counter()
-                    with self.cond:
-                        if job["kind"] != "expand":
-                            self.draft_busy.append((t0, t1))
-                        if epoch == self.epoch and self.pending is None:
-                            self.tree.apply(job, logits)
-                            self.since_query += 1
-                        elif job["kind"] != "expand":
-                            self.tree.discard(job)  # a correction came in: this layer hangs off a stale root
-                            self.discarded += 1
-                        self.cond.notify_all()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            with self.cond:
-                self.error = exc
-                self.cond.notify_all()
-
-    def _can_grow(self) -> bool:
-        return self._growable(self.tree.depth, self.tree.root_logits is not None)
-
-    def _growable(self, depth: int, root_fed: bool) -> bool:
-        """The drafter can add a layer: below max_depth, or the root not fed yet (right after a correction)."""
-        return depth < self.max_depth or not root_fed
+        if self.drafter is not None:
+            self.drafter.close()  # every exit: EOS, max_new_tokens, or an exception on either side
 
     # ---- the loop's hooks -------------------------------------------------------------------------------
 
-    def _may_query(self, depth: int, root_fed: bool, since_query: int) -> bool:
+    def _ready(self, tree, since_query: int) -> bool:
         """The target may query: `ratio` layers since the last query and a tree at least `ratio` deep (after a
-        miss the target waits for the drafter), or the tree is at max_depth (the drafter cannot grow it)."""
-        deep_enough = depth >= min(self.ratio, self.max_depth)
-        return not self._growable(depth, root_fed) or (since_query >= self.ratio and deep_enough)
+        miss the target waits for the drafter), or a tree the drafter cannot grow (at max_depth)."""
+        deep_enough = tree.depth >= min(self.ratio, self.max_depth)
+        return not growable(tree, self.max_depth) or (since_query >= self.ratio and deep_enough)
 
-    def _ready(self) -> bool:
-        return self._may_query(self.tree.depth, self.tree.root_logits is not None, self.since_query)
+    def propose(self, state: LoopState, max_depth: int) -> Proposal:
+        # sync mode drafts only when a chain can still be emitted; the concurrent drafters are there anyway
+        ready = self._ready if max_depth > 0 or self.mode != "sync" else None
+        with self.drafter.query(ready, grow_after=max_depth > 0) as (tree, since):
+            proposal = self._query(tree, since, state, max_depth)
+        self._t_query = time.perf_counter()
+        return proposal
 
-    def propose(self, state: LoopState, budget: int) -> Proposal:
-        if self.mode == "process":
-            self.tree = self.drafter.wait(self._ready_copy)
-            self.since_query = self.tree.layers - self.layers_at_query
-            self.layers_at_query = self.tree.layers
-            return self._query(state, budget)
-        if self.mode == "sync":
-            while budget > 0 and not self._ready():  # the first step, or after a miss: the target waits
-                self._grow()
-            proposal = self._query(state, budget)
-            for _ in range(self.ratio if budget > 0 else 0):  # the layers the drafter adds while the target verifies
-                if self._can_grow():
-                    self._grow()
-            self._t_query = time.perf_counter()
-            return proposal
-        with self.cond:
-            ready = self.cond.wait_for(lambda: self.error is not None or (
-                self.applied == self.epoch and self._ready()), WAIT_S)
-            self._raise_worker_error()
-            if not ready:
-                raise TimeoutError(f"the CARD drafter added no layer within {WAIT_S} s")
-            return self._query(state, budget)
-
-    def _ready_copy(self, tree) -> bool:
-        """_ready for the process drafter's published tree."""
-        return self._may_query(tree.depth, tree.root_fed, tree.layers - self.layers_at_query)
-
-    def _grow(self) -> None:
-        self.tree.grow()
-        self.since_query += 1
-
-    def _query(self, state: LoopState, budget: int) -> Proposal:
+    def _query(self, tree, since: int, state: LoopState, max_depth: int) -> Proposal:
         # at most max_depth - 1 deep: the drafter's deepest layer then still holds the children of the chain's
         # last node, so a fully accepted chain's bonus token can be a hit (at max_depth the drafter idles)
-        limit = min(budget, max(1, self.max_depth - 1))
+        limit = min(max_depth, max(1, self.max_depth - 1))
         if self.chooser is not None and limit > 0:
             limit = self.chooser.choose(limit)
         elif isinstance(self.query, int):
             limit = min(limit, self.query)
-        info = dict(draft_size=limit)
         if not self.correction and self.anchor is None:  # a stale tree: nothing to query
             chain, q = [], None
         else:
-            chain, q = self.tree.query(limit, self.sampling, self.generator, start=self.anchor)
+            chain, q = tree.query(limit, self.sampling, self.generator, start=self.anchor)
         if q is not None and q.device != self.target_device:  # a CPU drafter beside a GPU target
             q = q.to(self.target_device)
-        info.update(card_nodes=len(self.tree), card_layers=self.since_query, hit=None)
-        self.since_query = 0
-        self._t_query = time.perf_counter()
+        info = dict(draft_size=limit, card_nodes=len(tree), card_layers=since, hit=None)
         return Proposal(DraftTree.chain(state.committed[-1], chain), q=q, info=info)
 
     def observe(self, state: LoopState, verdict) -> None:
         self.target_busy.append((self._t_query, time.perf_counter()))
-        if self.mode == "process":
-            hit = self.drafter.correct(state.committed)  # no wait: the next propose waits if it must
-        elif not self.correction:
-            hit = self._follow(state.committed)
-        elif self.mode == "sync":
-            hit = self.tree.correct(state.committed)
-        else:
-            with self.cond:
-                self._raise_worker_error()
-                hit = self.tree.match(state.committed)[1]  # the worker applies the correction itself
-                self.pending, self.epoch = list(state.committed), self.epoch + 1
-                self.cond.notify_all()
+        hit = self.drafter.correct(state.committed) if self.correction else self._follow(state.committed)
         verdict.proposal.info["hit"] = hit
         if self.chooser is not None and len(verdict.proposal.tree):
             self.chooser.record(len(verdict.proposal.tree), len(verdict.accepted))
@@ -329,22 +203,22 @@ class Card(Proposer):
 
     def _follow(self, committed: list[int]) -> bool:
         """No correction: only move the anchor along the tree; restart the drafter when it has nothing left."""
-        path, hit = self.tree.match(committed)
-        self.anchor = path[-1] if hit and path[-1] < self.tree.fed else None  # a query needs the node's logits
-        if not self._can_grow():  # the drafter is done with its tree: it starts over from the committed text
-            hit = self.tree.correct(committed)
+        tree = self.drafter.tree
+        path, hit = tree.match(committed)
+        self.anchor = path[-1] if hit and path[-1] < tree.fed else None  # a query needs the node's logits
+        if not growable(tree, self.max_depth):  # the drafter is done with its tree: it starts over from the text
+            hit = tree.correct(committed)
             self.anchor = ROOT
         return hit
 
     def stats(self) -> dict:
         config = dict(width=self.width, ratio=self.ratio, mode=self.mode, max_depth=self.max_depth,
                       correction=self.correction, query=self.query, draft_device=self.draft_device)
-        out = dict(config=config, **chooser_stats(self.chooser),
-                   draft_layers=self.tree.layers if self.mode != "process" else self.draft_layers,
+        out = dict(config=config, **chooser_stats(self.chooser), draft_layers=self.drafter.layers,
                    hits=self.hits, misses=self.misses,
                    hit_rate=self.hits / (self.hits + self.misses) if self.hits + self.misses else float("nan"))
         if self.mode != "sync":
-            out.update(draft_busy=list(self.draft_busy), target_busy=list(self.target_busy))
+            out.update(draft_busy=list(self.drafter.draft_busy), target_busy=list(self.target_busy))
         if self.mode == "thread":
-            out.update(discarded_layers=self.discarded)
+            out.update(discarded_layers=self.drafter.discarded)
         return out
