@@ -11,15 +11,19 @@ The folders are the architecture, in reading order:
 - compat: transformers' moving parts (the cache keyword, crop, reading a forward's arguments), the one module
   that knows which release is installed;
 - the contract (this folder): models (load a pair) -> sampling (p and q) -> decoding (`generate`, the registry
-  `METHODS`, `GenerationResult`) -> loop (THE decoding loop; every method is a proposer plugged into it);
-- mechanisms/: ngram_table -> draft_tree -> masks -> kv_cache -> verify -> compression -> flex_layout, card_tree (pure
-  pieces the loop and the notebooks use);
+  `METHODS`, `GenerationResult`) -> loop (THE decoding loop; every method is a proposer plugged into it); the
+  data beside it: corpus (the standard-library corpus), tables (frozen n-gram tables as files);
+- mechanisms/: ngram_table -> draft_tree -> masks -> kv_cache -> verify -> step_cost -> budget -> compression ->
+  flex_backend -> flex_layout, card_tree -> card_drafter, card_process (pure pieces the loop and the notebooks
+  use; they import neither bench/ nor tools/);
 - methods/: autoregressive, prompt_lookup, cacheback, draft_model, card, lookahead, fafo (proposers), peers (HF's own
   decoders);
-- bench/: harness (`python -m specdec_lib.bench`), ablation, costs, lossless, flex_layout (measuring);
+- bench/: harness (`python -m specdec_lib.bench`), ablation, costs, compare, lossless, timeline, flex_layout
+  (measuring);
 - viz/: figures and explorers by subject (tables, trees, masks, caches, acceptance, costs, layout, fumble,
-  bench);
-- tools/: corpus, frozen_tables, train_tiny, model_card, make_prompts, run_notebooks, notebook (tooling).
+  bench, compare, timeline);
+- tools/: frozen_tables, train_tiny, distill_draft, model_card, make_prompts, run_notebooks, notebook, gpu_report,
+  offline_views, colab (tooling).
 """
 from . import compat
 from .models import ModelPair, check_same_vocab, load_models

@@ -44,7 +44,7 @@ class GenerationResult:
         return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else 0.0
 
     @property
-    def tokens_per_second(self) -> float:
+    def tokens_per_s(self) -> float:
         return len(self.new_tokens) / self.wall_seconds if self.wall_seconds > 0 else float("nan")
 
 

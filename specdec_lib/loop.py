@@ -3,13 +3,13 @@
     state = LoopState(request)                       # committed = prompt; the target's cache is empty
     proposer.start(state)                            # tables from the prompt, draft cache, pools
     repeat until max_new_tokens or EOS:
-        proposal = proposer.propose(state, budget)   # a DraftTree (a chain is one branch; no nodes = a plain
+        proposal = proposer.propose(state, max_depth)  # a DraftTree (a chain is one branch; no nodes = a plain
                                                      # step), optionally q per node, optionally side rows
         verdict  = verify(target, cache, proposal)   # ONE target forward: tree walk, or the q-based rule
         commit(cache, ...)                           # the only code that trims the target's cache
         proposer.observe(state, verdict)             # table update, draft-cache rollback, pool refill
 
-Everything per step that is not the proposer's is written here once: the depth cap (`budget`: the deepest
+Everything per step that is not the proposer's is written here once: the depth cap (`max_depth`: the deepest
 draft that can still be emitted, so nothing unemittable is verified), the EOS / max_new_tokens cut of the
 emitted tokens (`Request.trim`, the KV of cut tokens is not kept), the per-step records (tree_size, depth,
 accepted, emitted, full, draft_us (propose), verify_ms (forward, verdict and commit), update_us (observe), plus the
@@ -78,8 +78,8 @@ class Proposer:
         """Once, after the last step, also when a step raised (undo what start/target_cache changed, stop what
         start started); `stats` is read after it."""
 
-    def propose(self, state: LoopState, budget: int) -> Proposal:
-        """This step's proposal; `budget` is the deepest draft that can still be emitted (deeper nodes are cut)."""
+    def propose(self, state: LoopState, max_depth: int) -> Proposal:
+        """This step's proposal; `max_depth` is the deepest draft that can still be emitted (deeper nodes are cut)."""
         return Proposal(DraftTree(state.committed[-1]))
 
     def observe(self, state: LoopState, verdict: Verdict) -> None:
@@ -111,8 +111,8 @@ def _steps(req, proposer, state, target, cache, spec, debug, lazy_head) -> Gener
     lengths, steps = [], []
     while not req.is_done(state.tokens):
         t0 = time.perf_counter()
-        budget = req.max_new_tokens - len(state.tokens) - 1  # a step emits at most depth + 1 tokens
-        proposal = proposer.propose(state, budget).capped(budget)
+        max_depth = req.max_new_tokens - len(state.tokens) - 1  # a step emits at most depth + 1 tokens
+        proposal = proposer.propose(state, max_depth).capped(max_depth)
         t1 = time.perf_counter()
         verdict = verify(target, cache, proposal, state.committed, req.sampling, req.generator, lazy_head, spec)
         emitted = req.trim(state.tokens + verdict.tokens + [verdict.next_token])[len(state.tokens):]

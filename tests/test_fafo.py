@@ -38,7 +38,7 @@ def test_fumble_rows_see_compressed_kv_and_their_stream_only():
     ids = torch.randint(0, 97, (1, 40), generator=torch.Generator().manual_seed(2))
     work = copy.deepcopy(target)  # the copy runs through the store; `target` stays the sdpa reference
     req = Request(work, ids, 10, SamplingConfig(), None, None)
-    fafo = Fafo(streams=3, guess_len=4, budget=12, sinks=2, block=16)
+    fafo = Fafo(streams=3, guess_len=4, kv_budget=12, sinks=2, block=16)
     state = LoopState(req, ids[0].tolist())
     fafo.start(state)
     store = fafo.target_cache(state)
@@ -76,7 +76,7 @@ def test_quest_and_the_target_restored(tiny_pair):
     target = tiny_pair.target
     ids = tiny_pair.encode(SHIPPED_PROMPTS[0])
     want = generate("autoregressive", target, ids, 24).new_tokens
-    got = generate("fafo", target, ids, 24, compression="quest", budget=64, page=16, streams=4, guess_len=3)
+    got = generate("fafo", target, ids, 24, compression="quest", kv_budget=64, page=16, streams=4, guess_len=3)
     assert got.new_tokens == want
     assert target.config._attn_implementation == "sdpa"  # attach() was undone
 
@@ -99,7 +99,7 @@ def test_target_restored_when_a_step_raises(monkeypatch):
 
 
 @pytest.mark.parametrize("settings, match", [
-    (dict(streams=0), "streams"), (dict(guess_len=0), "guess_len"), (dict(budget=4, sinks=4), "exceed"),
+    (dict(streams=0), "streams"), (dict(guess_len=0), "guess_len"), (dict(kv_budget=4, sinks=4), "exceed"),
     (dict(compression="snap"), "compression must be"), (dict(attention="fast"), "attention must be")])
 def test_bad_settings_are_refused(settings, match):
     with pytest.raises((ValueError, TypeError), match=match):

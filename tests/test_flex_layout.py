@@ -171,7 +171,7 @@ def test_full_rows_reproduce_hf_greedy_on_random_models(kind):
     target = attached(model)
     store = fl.FlexLayoutStore(target, capacity=64, compression=StreamingLLM(2, 6), block=8)
     assert fl.greedy_through_store(target, store, ids[0].tolist(), 30) == want
-    assert store.length == 12 + 29  # every token but the last is cached, and C kept its budget
+    assert store.length == 12 + 29  # every token but the last is cached, and C kept its kv_budget
     # C ran before the last forward, over positions 0..39
     assert store.compressed == 8 and sorted(store.slot_pos[:8].tolist()) == [0, 1, *range(34, 40)]
 
@@ -218,7 +218,7 @@ def test_bad_input_is_refused():
     with pytest.raises(ValueError):
         StreamingLLM(0, 0)  # a compression budget of 0
     with pytest.raises(ValueError):
-        Quest(budget=0)
+        Quest(kv_budget=0)
     with pytest.raises(ValueError, match="attention must be"):
         fl.FlexLayoutStore(model, capacity=64, compression=StreamingLLM(2, 6), block=16, attention="fast")
     store = fl.FlexLayoutStore(model, capacity=64, compression=StreamingLLM(2, 6), block=16)
@@ -278,7 +278,7 @@ def test_benchmark_counts_the_blocks_each_case_loads():
     entry, (c) every valid block (block counts, not timings)."""
     from specdec_lib.bench import flex_layout as bf
 
-    rows = {r["case"]: r for r in bf.kernel_rows(1024, rows=4, budget=128, heads=2, kv_heads=2, head_dim=16,
+    rows = {r["case"]: r for r in bf.kernel_rows(1024, rows=4, kv_budget=128, heads=2, kv_heads=2, head_dim=16,
                                                  block=64, dtype=torch.float32, device=torch.device("cpu"),
                                                  repeats=1)}
     assert rows["(a) layout"]["kv_blocks"] == 2 + 1 and rows["(a) layout"]["selected"] == 128

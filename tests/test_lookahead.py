@@ -113,7 +113,7 @@ def test_warm_up_then_the_pool_fills_from_the_columns():
     assert proposer.pool.get(7) == [(23, 33, 93), (21, 31, 91)]  # capped at G = 2, newest first
     # the guesses under the root: pool n-grams as a tree, cut to the budget
     state.committed.append(7)
-    proposal = proposer.propose(state, budget=2)
+    proposal = proposer.propose(state, max_depth=2)
     assert len(proposal.tree) == 4 and proposal.tree.max_depth == 2  # two guesses of N - 1 = 3, cut to 2
     assert {tuple(proposal.tree.path_tokens(leaf)) for leaf in proposal.tree.leaves()} == {(23, 33), (21, 31)}
     assert proposal.info == dict(guesses=2, levels=N - 1, pool=proposer.pool.size, draft_size=2)

@@ -77,9 +77,9 @@ class ChainWithSideCopy(Proposer):
     def __init__(self, k: int = 3):
         self.k, self.checked = k, 0
 
-    def propose(self, state, budget):
+    def propose(self, state, max_depth):
         committed = state.committed
-        drafts = [committed[-4 + i] for i in range(min(self.k, budget, 3))]  # any tokens will do
+        drafts = [committed[-4 + i] for i in range(min(self.k, max_depth, 3))]  # any tokens will do
         tree = DraftTree.chain(committed[-1], drafts)
         n = len(drafts)
         side = SideRows(list(drafts), [d + 1 for d in range(n)], torch.tril(torch.ones(n, n, dtype=torch.bool)))
@@ -122,7 +122,7 @@ def test_side_rows_prefix_mod_hides_committed_keys():
     seen = {}
 
     class RootOnly(Proposer):
-        def propose(self, state, budget):
+        def propose(self, state, max_depth):
             side = SideRows([state.committed[-1]], [0], torch.ones(1, 1, dtype=torch.bool),
                             prefix_mod=lambda kv_idx: kv_idx < 0)  # no committed key
             return Proposal(DraftTree(state.committed[-1]), side=side)
@@ -150,7 +150,7 @@ def test_q_needs_a_chain():
     target = random_lm("llama", seed=4)
 
     class TwoBranchesWithQ(Proposer):
-        def propose(self, state, budget):
+        def propose(self, state, max_depth):
             tree = DraftTree(state.committed[-1], [1, 2], [-1, -1])
             return Proposal(tree, q=torch.full((2, 97), 1 / 97))
 

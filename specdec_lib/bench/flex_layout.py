@@ -13,7 +13,7 @@ side by side in one run, at each context length:
                    create_block_mask call alone)
     sdpa           torch's scaled_dot_product_attention over the whole KV (the dense reference)
 
-The selection is Quest-shaped (the budget in pages of 16 positions, the sinks and the newest page kept, the
+The selection is Quest-shaped (the kv_budget in pages of 16 positions, the sinks and the newest page kept, the
 other pages drawn at random) so that in place it is scattered; (a) holds the same number of entries.
 Also, the whole decode step of a real model (the tiny target by default) with one row: through the store
 with full rows, with compressed rows, and with a DynamicCache (sdpa), its KV filled with random keys.
@@ -43,16 +43,16 @@ RESULTS_DIR = DATA_DIR / "results"
 
 
 class RandomPages(Compression):
-    """The benchmark's C: the sinks' page, the newest page and random other pages, `budget` tokens in all."""
+    """The benchmark's C: the sinks' page, the newest page and random other pages, `kv_budget` tokens in all."""
 
-    def __init__(self, budget: int, page: int = 16, seed: int = 0):
-        self.budget, self.page, self.seed = budget, page, seed
+    def __init__(self, kv_budget: int, page: int = 16, seed: int = 0):
+        self.kv_budget, self.page, self.seed = kv_budget, page, seed
 
     def select(self, view):
         pos = view.positions
         pages = int(pos.max()) // self.page + 1
         g = torch.Generator().manual_seed(self.seed)
-        chosen = torch.randperm(pages - 2, generator=g)[: self.budget // self.page - 2] + 1
+        chosen = torch.randperm(pages - 2, generator=g)[: self.kv_budget // self.page - 2] + 1
         keep = torch.zeros(pages, dtype=torch.bool)
         keep[chosen], keep[0], keep[-1] = True, True, True
         return keep.to(pos.device)[pos // self.page]
@@ -78,19 +78,19 @@ def median_ms(fn, repeats: int, device) -> float:
     return statistics.median(times)
 
 
-def kernel_rows(length: int, rows: int, budget: int, heads: int, kv_heads: int, head_dim: int, block: int,
+def kernel_rows(length: int, rows: int, kv_budget: int, heads: int, kv_heads: int, head_dim: int, block: int,
                 dtype, device, repeats: int) -> list[dict]:
     """Rows (a)-(d) and sdpa at one context length: per-step milliseconds and KV blocks loaded."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     capacity = -(-(length + rows) // block) * block
-    store = fl.FlexLayoutStore(AttentionConfig(heads, kv_heads, head_dim), capacity, RandomPages(budget),
+    store = fl.FlexLayoutStore(AttentionConfig(heads, kv_heads, head_dim), capacity, RandomPages(kv_budget),
                                block=block, q_block=max(rows, 1), attention="compiled", dtype=dtype, device=device)
     g = torch.Generator(device=device).manual_seed(0)
     k = torch.randn(1, kv_heads, length, head_dim, generator=g, device=device, dtype=dtype)
     store.prepare(torch.arange(length, device=device))
     store.update(k, torch.randn_like(k), 0)
-    selected = RandomPages(budget).select(fl.CacheView(torch.arange(length, device=device), None))  # in place
+    selected = RandomPages(kv_budget).select(fl.CacheView(torch.arange(length, device=device), None))  # in place
     q = torch.randn(1, heads, rows, head_dim, generator=g, device=device, dtype=dtype)
     new = torch.randn(1, kv_heads, rows, head_dim, generator=g, device=device, dtype=dtype)
     keys, values = store.keys[0][None], store.values[0][None]  # (1, kv_heads, capacity, head_dim)
@@ -153,7 +153,7 @@ def kernel_rows(length: int, rows: int, budget: int, heads: int, kv_heads: int, 
 
 
 @torch.no_grad()
-def model_rows(model, length: int, budget: int, block: int, repeats: int) -> list[dict]:
+def model_rows(model, length: int, kv_budget: int, block: int, repeats: int) -> list[dict]:
     """One decode step of `model` (one row) with `length` cached tokens: store full / compressed, DynamicCache."""
     from transformers import DynamicCache
 
@@ -161,7 +161,7 @@ def model_rows(model, length: int, budget: int, block: int, repeats: int) -> lis
     device, dtype = param.device, param.dtype
     cfg = model.config
     capacity = -(-(length + 1) // block) * block
-    store = fl.FlexLayoutStore(model, capacity, RandomPages(budget), block=block, attention="compiled")
+    store = fl.FlexLayoutStore(model, capacity, RandomPages(kv_budget), block=block, attention="compiled")
     store.prepare(torch.arange(length, device=device))
     cache = DynamicCache(config=cfg)
     heads = cfg.num_attention_heads
@@ -204,7 +204,7 @@ def main(argv=None) -> pd.DataFrame:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384, 32768])
     parser.add_argument("--rows", type=int, default=16, help="compressed query rows per step (fumble rows)")
-    parser.add_argument("--budget", type=int, default=1024, help="entries C keeps (tokens)")
+    parser.add_argument("--kv-budget", type=int, default=1024, help="entries C keeps (tokens)")
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=32)
     parser.add_argument("--head-dim", type=int, default=128)
@@ -230,14 +230,14 @@ def main(argv=None) -> pd.DataFrame:
 
         model = load_models("tiny", device=device).target
     for length in args.lengths:
-        rows += kernel_rows(length, args.rows, args.budget, args.heads, args.kv_heads, args.head_dim, args.block,
+        rows += kernel_rows(length, args.rows, args.kv_budget, args.heads, args.kv_heads, args.head_dim, args.block,
                             dtype, device, args.repeats)
         if model is not None:
-            rows += model_rows(model, length, args.budget, args.block, args.repeats)
+            rows += model_rows(model, length, args.kv_budget, args.block, args.repeats)
         print(pd.DataFrame([r for r in rows if r["length"] == length]).to_string(index=False), flush=True)
     table = pd.DataFrame(rows)
     table["device"], table["dtype"] = info["device"], str(dtype).replace("torch.", "")
-    table["torch"], table["rows"], table["budget"] = info["torch"], args.rows, args.budget
+    table["torch"], table["rows"], table["kv_budget"] = info["torch"], args.rows, args.kv_budget
     slug = "gpu-" + info["device"].split()[-1].lower() if device.type == "cuda" else "cpu"
     out = Path(args.out) if args.out else RESULTS_DIR / f"flex_layout_{slug}.csv"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -129,8 +129,8 @@ def run_bench(pair, suite, methods, max_new_tokens: int = 128, repeats: int = 3,
     prompts = [p if isinstance(p, dict) else {"id": str(i), "prompt": p} for i, p in enumerate(prompts)]
     if not prompts:
         raise ValueError("the suite has no prompts")
-    budget = (context_length(pair.target) or 10**9) - max_new_tokens
-    encoded = [pair.encode(p["prompt"])[:, -budget:] for p in prompts]
+    prompt_cap = (context_length(pair.target) or 10**9) - max_new_tokens  # room left for the new tokens
+    encoded = [pair.encode(p["prompt"])[:, -prompt_cap:] for p in prompts]
     greedy = {m: float(variants[m][1].get("temperature", 0.0)) == 0.0 for m in methods}
 
 
@@ -156,7 +156,7 @@ def run_bench(pair, suite, methods, max_new_tokens: int = 128, repeats: int = 3,
                 rows.append(dict(method=method, prompt_id=prompt["id"], repeat=r, order=order,
                                  category=prompt.get("category", prompt.get("suite", "")),
                                  prompt_tokens=ids.shape[1], new_tokens=len(result.new_tokens),
-                                 wall_seconds=result.wall_seconds, tokens_per_second=result.tokens_per_second,
+                                 wall_seconds=result.wall_seconds, tokens_per_s=result.tokens_per_s,
                                  target_forwards=result.target_forwards, mat=result.mean_accepted,
                                  draft_forwards=result.stats.get("draft_forwards"),
                                  hit_rate=result.stats.get("hit_rate"), overlap=_overlap(result),

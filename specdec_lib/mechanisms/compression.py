@@ -5,16 +5,16 @@ more") and §5 ("FAFO-Stream", "FAFO-Quest"). The store of `flex_layout` asks C,
 committed entries to keep in the fixed region; C answers with a boolean per entry.
 
 One small interface, so a third C (e.g. SnapKV-style: score entries by the attention an observation window
-gives them) is one class: subclass `Compression`, set `budget` (tokens), implement `select(view)`.
+gives them) is one class: subclass `Compression`, set `kv_budget` (tokens), implement `select(view)`.
 `view` is a `CacheView`: the logical positions of the committed entries (in physical slot order), their keys
 (all layers, already rotated) and the last query each layer saw (None before the first forward).
 
 - `StreamingLLM(sinks, recent)`: the first `sinks` positions (attention sinks, 4 in the paper) and the
   `recent` newest ones. Positions stay logical: keys keep the rotation of their original position (as FAFO
   uses it), not StreamingLLM's re-rotation inside the window.
-- `Quest(budget, page=16)`: pages of `page` consecutive positions; per page the elementwise min and max of the
+- `Quest(kv_budget, page=16)`: pages of `page` consecutive positions; per page the elementwise min and max of the
   keys; a page's score for query q is sum_d max(q_d * min_d, q_d * max_d) (an upper bound of q . k over the
-  page); the top pages fit in `budget` tokens; the newest page is always kept (the text being written).
+  page); the top pages fit in `kv_budget` tokens; the newest page is always kept (the text being written).
 
 Simplifications: one selection for every layer and head (the store keeps one physical layout for all layers),
 so Quest sums its page scores over layers and heads, where the paper selects per head; Quest uses the query of
@@ -39,12 +39,12 @@ class CacheView:
 
 
 class Compression:
-    """A compression function C. `budget`: the most entries it keeps (the store sizes its fixed region by it)."""
-    budget: int
+    """A compression function C. `kv_budget`: the most entries it keeps (the store sizes its fixed region by it)."""
+    kv_budget: int
     needs_queries = False  # True: the store records each layer's last query for select()
 
     def select(self, view: CacheView) -> torch.Tensor:
-        """Bool (L,): which committed entries C keeps; at most `budget` of them."""
+        """Bool (L,): which committed entries C keeps; at most `kv_budget` of them."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -60,7 +60,7 @@ class StreamingLLM(Compression):
         check_int("sinks", sinks, 0)
         check_int("recent", recent, 1)
         self.sinks, self.recent = sinks, recent
-        self.budget = sinks + recent
+        self.kv_budget = sinks + recent
 
     def select(self, view: CacheView) -> torch.Tensor:
         pos = view.positions  # (L,)
@@ -74,10 +74,10 @@ class Quest(Compression):
     """Query-aware page selection (Tang et al. 2024): the pages whose key bounds promise the largest q . k."""
     needs_queries = True
 
-    def __init__(self, budget: int = 256, page: int = 16):
+    def __init__(self, kv_budget: int = 256, page: int = 16):
         check_int("page", page, 1)
-        check_int("budget", budget, page)
-        self.budget, self.page = budget, page
+        check_int("kv_budget", kv_budget, page)
+        self.kv_budget, self.page = kv_budget, page
 
     def page_scores(self, view: CacheView) -> torch.Tensor:
         """(pages,) upper bounds of q . k per page, summed over layers and heads; pages by position // page."""
@@ -97,7 +97,7 @@ class Quest(Compression):
 
     def select(self, view: CacheView) -> torch.Tensor:
         pos = view.positions
-        if pos.numel() <= self.budget:
+        if pos.numel() <= self.kv_budget:
             return torch.ones_like(pos, dtype=torch.bool)
         page_of = pos // self.page
         newest = int(page_of.max())
@@ -107,5 +107,5 @@ class Quest(Compression):
             scores = self.page_scores(view).double()
         scores[newest] = float("inf")  # the page being written is always kept
         keep = torch.zeros(newest + 1, dtype=torch.bool, device=pos.device)
-        keep[scores.argsort(descending=True)[: self.budget // self.page]] = True
+        keep[scores.argsort(descending=True)[: self.kv_budget // self.page]] = True
         return keep[page_of]

@@ -9,7 +9,7 @@ rows that see the full KV).
 `capacity` slots (a multiple of `block`, 128 by default), and `slot_pos`, the logical position of every slot.
 Keys are stored rotated at their logical positions, so moving an entry between slots is a plain copy. Slots:
 
-    [0, compressed)            C's selection (the "fixed region": at most B_fixed = ceil(budget / block) blocks)
+    [0, compressed)            C's selection (the "fixed region": at most B_fixed = ceil(kv_budget / block) blocks)
     [compressed, length)       every other committed entry (the tail: logically kept, physically skipped)
     [base, base + R)           the rows of the forward in flight (base = length when `prepare` was called)
 
@@ -115,10 +115,10 @@ class FlexLayoutStore(Cache):
         self.compression = compression if compression is not None else StreamingLLM()
         if not isinstance(self.compression, Compression):
             raise TypeError(f"compression must be a Compression, got {type(compression).__name__}")
-        budget = self.compression.budget
-        check_int("compression budget", budget, 1)
-        if budget > capacity:
-            raise ValueError(f"the compression keeps up to {budget} entries, more than capacity={capacity}")
+        kv_budget = self.compression.kv_budget
+        check_int("compression kv_budget", kv_budget, 1)
+        if kv_budget > capacity:
+            raise ValueError(f"the compression keeps up to {kv_budget} entries, more than capacity={capacity}")
         cfg = getattr(model, "config", model)
         self.layers_n = cfg.num_hidden_layers
         heads = cfg.num_attention_heads
@@ -144,7 +144,7 @@ class FlexLayoutStore(Cache):
             raise ValueError(f"attention must be 'auto' or one of {sorted(ATTENTION_MODES)}, got {attention!r}")
         self.capacity, self.block, self.q_block, self.attention = capacity, block, q_block, attention
         self._dense_mask = None  # "dense" mode: the mask of the forward in flight, rendered once for every layer
-        self.fixed_blocks = -(-budget // block)  # B_fixed
+        self.fixed_blocks = -(-kv_budget // block)  # B_fixed
         self.length = self.compressed = self._base = self._rows = 0
         self._queried = False
         self._dirty = False  # entries changed since the last compress

@@ -118,7 +118,7 @@ class Cacheback(Proposer):
     def _grow(self, context, tdl: int, crt: int):
         return grow_tree(context, self.tables, tdl, crt, refed=1, merge=self.config["merge"])
 
-    def propose(self, state: LoopState, budget: int) -> Proposal:
+    def propose(self, state: LoopState, max_depth: int) -> Proposal:
         c = self.config
         context = state.committed[-self.tail:]
         if self.chooser is None:

@@ -83,9 +83,9 @@ class DraftModel(Proposer):
             self.chooser = ChainBudget(resolve_curve(self.costs, state.request.target), max_len=AUTO_MAX_GAMMA,
                                        draft_ms=lambda g: g * one)
 
-    def propose(self, state: LoopState, budget: int) -> Proposal:
-        gamma = self.gamma if self.chooser is None else self.chooser.choose(budget)
-        g = min(gamma, budget)  # the step adds g + 1 tokens at most
+    def propose(self, state: LoopState, max_depth: int) -> Proposal:
+        gamma = self.gamma if self.chooser is None else self.chooser.choose(max_depth)
+        g = min(gamma, max_depth)  # the step adds g + 1 tokens at most
         drafts, q_rows = [], []
         feed = state.committed[len(self.draft.tokens):]  # 1 token, 2 after a full acceptance, the prompt on step 1
         for _ in range(g):

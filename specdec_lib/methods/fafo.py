@@ -97,7 +97,7 @@ class FumblePool:
 class Fafo(Proposer):
     """FAFO: guess streams decoded on a compressed KV ride the verifying forward (draftless)."""
 
-    def __init__(self, streams: int = 10, guess_len: int = 6, compression="streaming", budget: int = 128,
+    def __init__(self, streams: int = 10, guess_len: int = 6, compression="streaming", kv_budget: int = 128,
                  sinks: int = 4, page: int = 16, block: int = flex_layout.BLOCK, attention: str = "auto",
                  fused: bool = True, seed: int = 0, candidates: int | str | None = None, costs=None):
         check_int("streams", streams, 1)
@@ -105,17 +105,17 @@ class Fafo(Proposer):
         check_costs("candidates", candidates, costs=costs)
         self.costs = costs
         check_int("guess_len", guess_len, 1)
-        check_int("budget", budget, 1)
+        check_int("kv_budget", kv_budget, 1)
         check_int("block", block, 1)
         if isinstance(compression, Compression):
             self.compression = compression
         elif compression == "streaming":
             check_int("sinks", sinks, 0)
-            if budget <= sinks:
-                raise ValueError(f"budget={budget} must exceed sinks={sinks} (StreamingLLM keeps recent tokens too)")
-            self.compression = StreamingLLM(sinks, budget - sinks)
+            if kv_budget <= sinks:
+                raise ValueError(f"kv_budget={kv_budget} must exceed sinks={sinks} (StreamingLLM keeps recent tokens too)")
+            self.compression = StreamingLLM(sinks, kv_budget - sinks)
         elif compression == "quest":
-            self.compression = Quest(budget, page)
+            self.compression = Quest(kv_budget, page)
         else:
             raise ValueError(f"compression must be 'streaming', 'quest' or a Compression, got {compression!r}")
         if attention != "auto" and attention not in flex_layout.ATTENTION_MODES:
@@ -160,20 +160,20 @@ class Fafo(Proposer):
         if self._previous is not None:
             state.request.target.set_attn_implementation(self._previous)
 
-    def propose(self, state: LoopState, budget: int) -> Proposal:
-        candidates = self.pool.lookup(state.committed, self.n, self.k) if budget > 0 else []
+    def propose(self, state: LoopState, max_depth: int) -> Proposal:
+        candidates = self.pool.lookup(state.committed, self.n, self.k) if max_depth > 0 else []
         extra, carry = {}, {}
         if self.chooser is not None and candidates:  # none found: nothing to choose (or learn)
             cap, others = self.chooser.choose()
             found, root = candidates, state.committed[-1]
 
             def regrow(other_cap):  # the candidate tree another cap would have verified this step
-                return DraftTree.trie(root, [sub for _, sub in found[:other_cap]], budget)
+                return DraftTree.trie(root, [sub for _, sub in found[:other_cap]], max_depth)
             extra, carry = dict(draft_size=cap), dict(others=others, regrow=regrow)
             candidates = candidates[:cap]
         elif candidates:
             candidates, extra = candidates[:self.cap], dict(draft_size=self.cap)
-        tree = DraftTree.trie(state.committed[-1], [sub for _, sub in candidates], budget)
+        tree = DraftTree.trie(state.committed[-1], [sub for _, sub in candidates], max_depth)
         self.proposed += bool(candidates)
         tokens = [self.streams[i][j] for j in range(self.k) for i in range(self.n)]  # column-wise
         info = dict(candidates=len(candidates), prefix_len=max((m for m, _ in candidates), default=0),

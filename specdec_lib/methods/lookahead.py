@@ -122,9 +122,9 @@ class Lookahead(Proposer):
             self.pool.add_text(prompt, self.N)
         self.window_grams = self.guesses_proposed = 0
 
-    def propose(self, state: LoopState, budget: int) -> Proposal:
+    def propose(self, state: LoopState, max_depth: int) -> Proposal:
         root = state.committed[-1]
-        length = min(self.N - 1, budget)  # deeper guess tokens could not be emitted
+        length = min(self.N - 1, max_depth)  # deeper guess tokens could not be emitted
         guesses = self.pool.get(root) if length > 0 else []
         info, carry = {}, {}
         if self.chooser is not None and guesses:  # no guesses: nothing to choose (or learn)

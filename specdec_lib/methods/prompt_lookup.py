@@ -105,13 +105,13 @@ class PromptLookup(Proposer):
         if is_auto(self.num_tokens):
             self.chooser = ChainBudget(resolve_curve(self.costs, state.request.target), max_len=AUTO_MAX_TOKENS)
 
-    def propose(self, state: LoopState, budget: int) -> Proposal:
+    def propose(self, state: LoopState, max_depth: int) -> Proposal:
         committed = state.committed
         n, start = self.index.lookup(committed)
-        count = self.num_tokens if self.chooser is None else self.chooser.choose(budget)
-        count = min(count, budget)
+        count = self.num_tokens if self.chooser is None else self.chooser.choose(max_depth)
+        count = min(count, max_depth)
         drafts = continuation(committed, start, count, self.eos) if n else []
-        info = dict(ngram=n, draft_size=count) if n else dict(ngram=n)  # no match: no draft, no budget used
+        info = dict(ngram=n, draft_size=count) if n else dict(ngram=n)  # no match: no draft, no max_depth used
         return Proposal(DraftTree.chain(committed[-1], drafts), info=info)
 
     def observe(self, state: LoopState, verdict) -> None:

@@ -57,7 +57,7 @@ FULL = dict(notebooks="*.ipynb", smoke=False, prompts=12, tokens=128, repeats=2,
             layout=["--lengths", "1024", "4096", "16384", "65536", "--repeats", "20"],
             rows=(1, 2, 4, 8, 16, 32, 64, 128), prefix=1024, cost_repeats=15, shape_scale=1)
 DRY = dict(notebooks="01_*.ipynb", smoke=True, prompts=2, tokens=8, repeats=1,
-           layout=["--lengths", "256", "--rows", "4", "--budget", "64", "--heads", "4", "--kv-heads", "2",
+           layout=["--lengths", "256", "--rows", "4", "--kv-budget", "64", "--heads", "4", "--kv-heads", "2",
                    "--head-dim", "32", "--block", "32", "--repeats", "2", "--no-model"],
            rows=(1, 4), prefix=32, cost_repeats=2, shape_scale=16)
 
