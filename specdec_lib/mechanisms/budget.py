@@ -338,6 +338,23 @@ class TreeBudget:
         self.record(results, verified)
 
 
+    @staticmethod
+    def carry(others: Sequence[int], trees: Callable[[int], object], extra_rows: int = 0) -> dict:
+        """What a tree proposer hands its own observe (Proposal.carry) after `choose`: the candidates to regrow,
+        and how (trees(b): the tree candidate b would have grown from this step's context); `extra_rows`: the
+        rows every step pays whatever the tree (Lookahead's window, FAFO's fumble rows), root + tree + these."""
+        def regrow(b: int):
+            tree = trees(b)
+            return tree, 1 + len(tree) + extra_rows
+        return dict(others=list(others), regrow=regrow, extra_rows=extra_rows)
+
+    def record_proposal(self, proposal, emitted: Sequence[int]) -> None:
+        """record_step for a verified proposal that carries `carry(...)` and its "draft_size" in info."""
+        c = proposal.carry
+        self.record_step(proposal.info["draft_size"], emitted, 1 + len(proposal.tree) + c["extra_rows"], c["others"],
+                         c["regrow"])
+
+
 def tree_yield(tree, emitted: Sequence[int]) -> tuple[int, bool]:
     """(tokens the step would have emitted with `tree`, whether that is only a lower bound).
 

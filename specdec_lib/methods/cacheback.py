@@ -124,18 +124,13 @@ class Cacheback(Proposer):
         if self.chooser is None:
             return Proposal(self._grow(context, c["tdl"], c["crt"]), info=dict(draft_size=c["tdl"]))
         tdl, others = self.chooser.choose()
-
-        def regrow(other_tdl):  # the tree another TDL would have grown from this step's context
-            other = self._grow(context, other_tdl, self.crts[other_tdl])
-            return other, len(other) + 1
-        return Proposal(self._grow(context, tdl, self.crts[tdl]), info=dict(draft_size=tdl),
-                        carry=dict(others=others, regrow=regrow))
+        carry = self.chooser.carry(others, lambda other: self._grow(context, other, self.crts[other]))
+        return Proposal(self._grow(context, tdl, self.crts[tdl]), info=dict(draft_size=tdl), carry=carry)
 
     def observe(self, state: LoopState, verdict) -> None:
         proposal = verdict.proposal
-        if "others" in proposal.carry:  # before the table update: the neighbouring trees this step could have grown
-            self.chooser.record_step(proposal.info["draft_size"], verdict.emitted, len(proposal.tree) + 1,
-                                     proposal.carry["others"], proposal.carry["regrow"])
+        if "regrow" in proposal.carry:  # before the table update: the neighbouring trees this step could have grown
+            self.chooser.record_proposal(proposal, verdict.emitted)
         if self.dynamic is not None:  # the windows completed by the new tokens (§3.2, Figure 2)
             n_new = len(verdict.emitted)
             self.dynamic.update_new(state.committed[-(n_new + self.window):], n_new)

@@ -112,7 +112,8 @@ class Fafo(Proposer):
         elif compression == "streaming":
             check_int("sinks", sinks, 0)
             if kv_budget <= sinks:
-                raise ValueError(f"kv_budget={kv_budget} must exceed sinks={sinks} (StreamingLLM keeps recent tokens too)")
+                raise ValueError(f"kv_budget={kv_budget} must exceed sinks={sinks} (StreamingLLM keeps recent tokens "
+                                 f"too)")
             self.compression = StreamingLLM(sinks, kv_budget - sinks)
         elif compression == "quest":
             self.compression = Quest(kv_budget, page)
@@ -165,12 +166,10 @@ class Fafo(Proposer):
         extra, carry = {}, {}
         if self.chooser is not None and candidates:  # none found: nothing to choose (or learn)
             cap, others = self.chooser.choose()
-            found, root = candidates, state.committed[-1]
-
-            def regrow(other_cap):  # the candidate tree another cap would have verified this step
-                return DraftTree.trie(root, [sub for _, sub in found[:other_cap]], max_depth)
-            extra, carry = dict(draft_size=cap), dict(others=others, regrow=regrow)
-            candidates = candidates[:cap]
+            found, root = candidates, state.committed[-1]  # the fumble rows are paid whatever the cap
+            carry = self.chooser.carry(others, lambda other: DraftTree.trie(root, [s for _, s in found[:other]],
+                                                                            max_depth), self.n * self.k)
+            extra, candidates = dict(draft_size=cap), candidates[:cap]
         elif candidates:
             candidates, extra = candidates[:self.cap], dict(draft_size=self.cap)
         tree = DraftTree.trie(state.committed[-1], [sub for _, sub in candidates], max_depth)
@@ -200,14 +199,8 @@ class Fafo(Proposer):
     def observe(self, state: LoopState, verdict) -> None:
         self.found += bool(verdict.accepted)
         proposal = verdict.proposal
-        if "others" in proposal.carry:  # the fumble rows are paid whatever the cap
-            fumble, regrow = self.n * self.k, proposal.carry["regrow"]
-
-            def rows_of(cap):
-                tree = regrow(cap)
-                return tree, 1 + len(tree) + fumble
-            self.chooser.record_step(proposal.info["draft_size"], verdict.emitted, 1 + len(proposal.tree) + fumble,
-                                     proposal.carry["others"], rows_of)
+        if "regrow" in proposal.carry:
+            self.chooser.record_proposal(proposal, verdict.emitted)
         if self.fused:
             predicted = verdict.side_logits.argmax(-1).tolist()  # (n,): each stream's next token
         else:

@@ -126,19 +126,16 @@ class Lookahead(Proposer):
         root = state.committed[-1]
         length = min(self.N - 1, max_depth)  # deeper guess tokens could not be emitted
         guesses = self.pool.get(root) if length > 0 else []
+        levels, cols = len(self.levels), len(self.levels[0])
         info, carry = {}, {}
         if self.chooser is not None and guesses:  # no guesses: nothing to choose (or learn)
             g, others = self.chooser.choose()
-            found = guesses
-
-            def regrow(other_g):  # the guess tree another g would have verified this step
-                return DraftTree.trie(root, found[:other_g], length)
-            info, carry = dict(draft_size=g), dict(others=others, regrow=regrow)
-            guesses = guesses[:g]
+            found = guesses  # the window rows are paid whatever g is
+            carry = self.chooser.carry(others, lambda other: DraftTree.trie(root, found[:other], length), levels * cols)
+            info, guesses = dict(draft_size=g), guesses[:g]
         elif guesses:
             info = dict(draft_size=self.G)
         tree = DraftTree.trie(root, guesses, length)
-        levels, cols = len(self.levels), len(self.levels[0])
         tokens = [t for level in self.levels for t in level]  # level-major, levels * cols
         depths = [1 + i + j for i in range(levels) for j in range(cols)]  # level i, column j at root + 1 + i + j
         last = list(range((levels - 1) * cols, levels * cols))  # only the newest level's predictions are read
@@ -149,14 +146,8 @@ class Lookahead(Proposer):
 
     def observe(self, state: LoopState, verdict) -> None:
         proposal = verdict.proposal
-        if "others" in proposal.carry:  # the window rows are paid whatever g is
-            window, regrow = len(proposal.side.tokens), proposal.carry["regrow"]
-
-            def rows_of(g):
-                tree = regrow(g)
-                return tree, 1 + len(tree) + window
-            self.chooser.record_step(proposal.info["draft_size"], verdict.emitted, 1 + len(proposal.tree) + window,
-                                     proposal.carry["others"], rows_of)
+        if "regrow" in proposal.carry:
+            self.chooser.record_proposal(proposal, verdict.emitted)
         levels, cols = len(self.levels), len(self.levels[0])
         # side_logits (cols, V): the last level's rows (logits_rows); argmax even when sampling: the window only
         # generates guesses
