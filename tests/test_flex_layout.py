@@ -20,6 +20,7 @@ from conftest import SHIPPED_PROMPTS, random_lm
 from specdec_lib import compat, generate
 from specdec_lib.mechanisms import flex_layout as fl
 from specdec_lib.mechanisms.compression import CacheView, Quest, StreamingLLM
+from specdec_lib.methods.autoregressive import greedy_through_store
 
 
 def attached(model):
@@ -160,7 +161,7 @@ def test_full_rows_reproduce_greedy_on_the_shipped_target(tiny_pair64, tiny_pair
         for attention, steps in (("dense", 24), ("eager", 3)):  # eager flex: ~0.5 s per forward here
             store = fl.FlexLayoutStore(target, capacity=128, compression=StreamingLLM(4, 12), block=16,
                                        attention=attention)
-            assert fl.greedy_through_store(target, store, ids[0].tolist(), steps) == want[:steps]
+            assert greedy_through_store(target, store, ids[0].tolist(), steps) == want[:steps]
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
@@ -170,7 +171,7 @@ def test_full_rows_reproduce_hf_greedy_on_random_models(kind):
     want = model.generate(ids, max_new_tokens=30, do_sample=False)[0, 12:].tolist()
     target = attached(model)
     store = fl.FlexLayoutStore(target, capacity=64, compression=StreamingLLM(2, 6), block=8)
-    assert fl.greedy_through_store(target, store, ids[0].tolist(), 30) == want
+    assert greedy_through_store(target, store, ids[0].tolist(), 30) == want
     assert store.length == 12 + 29  # every token but the last is cached, and C kept its kv_budget
     # C ran before the last forward, over positions 0..39
     assert store.compressed == 8 and sorted(store.slot_pos[:8].tolist()) == [0, 1, *range(34, 40)]
@@ -202,9 +203,9 @@ def test_streaming_rows_equal_a_naive_recompute(tiny_pair64, tiny_pair):
     want = naive_streaming_greedy(reference, ids, 30, sinks=4, recent=8)
     target = attached(tiny_pair64[0])
     store = fl.FlexLayoutStore(target, capacity=128, compression=StreamingLLM(4, 8), block=16)
-    got = fl.greedy_through_store(target, store, ids, 30, compressed=True)
+    got = greedy_through_store(target, store, ids, 30, compressed=True)
     assert got == want
-    full = fl.greedy_through_store(target, fl.FlexLayoutStore(target, capacity=128, block=16,
+    full = greedy_through_store(target, fl.FlexLayoutStore(target, capacity=128, block=16,
                                                                compression=StreamingLLM(4, 8)), ids, 30)
     assert got != full  # the compressed rows really saw less (else this test could not fail)
 
@@ -242,7 +243,7 @@ def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="full-attention layers only"):
         fl.attach(sliding)
     with pytest.raises(ValueError, match="empty"):
-        fl.greedy_through_store(model, fl.FlexLayoutStore(model, capacity=64, block=16,
+        greedy_through_store(model, fl.FlexLayoutStore(model, capacity=64, block=16,
                                                           compression=StreamingLLM(2, 6)), [], 3)
 
 

@@ -47,7 +47,7 @@ from .flex_backend import (ATTENTION_MODES, ATTENTION_NAME, attach, block_mask_f
                            choose_attention, flex)
 
 __all__ = ["ATTENTION_MODES", "ATTENTION_NAME", "BLOCK", "CacheView", "FlexLayoutStore", "LayoutSnapshot", "attach",
-           "below", "block_table", "flex", "greedy_through_store", "own_rows", "rows_where"]
+           "below", "block_table", "flex", "own_rows", "rows_where"]
 
 BLOCK = 128
 
@@ -333,29 +333,3 @@ class _LayerView(CacheLayerMixin):
 
     def get_max_length(self):
         return self.store.capacity
-
-
-# ---- decoding through the store by hand (notebook 05, tests) ---------------------------------------------
-
-@torch.no_grad()
-def greedy_through_store(model, store, prompt_ids, max_new_tokens: int, compressed: bool = False) -> list[int]:
-    """Greedy decoding with one row per step through `store` (the prompt's prefill sees the full KV);
-    compressed=True: every decode row sees C(kv) only (StreamingLLM/Quest attention, not lossless)."""
-    ids = [int(t) for t in prompt_ids]
-    if not ids:
-        raise ValueError("the prompt is empty")
-    check_int("max_new_tokens", max_new_tokens, 1)
-    device = store.slot_pos.device
-    rows = torch.tensor([ids], device=device)
-    positions = torch.arange(len(ids), device=device)
-    mask = store.prepare(positions)  # the prompt: causal, full rows
-    out = []
-    while True:
-        logits = compat.forward(model, input_ids=rows, position_ids=positions[None], cache=store,
-                                attention_mask=mask, use_cache=True, logits_to_keep=1).logits[0, -1]
-        out.append(int(logits.argmax()))
-        if len(out) == max_new_tokens:
-            return out
-        rows = torch.tensor([[out[-1]]], device=device)
-        positions = torch.tensor([len(ids) + len(out) - 1], device=device)
-        mask = store.prepare(positions, compressed_rows=[compressed])

@@ -33,7 +33,7 @@ multi-branch tree would need recursive rejection sampling, SpecInfer-style); sid
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, NamedTuple
 
 import torch
@@ -82,12 +82,15 @@ class Proposal:
     with one branch; no nodes = a plain step), optionally the draft's q per node (q[i]: the distribution node i
     was drawn from; a chain only), optional side rows, per-step extras for the step records (`info`; the draft
     budget a proposer chose for the step under the key "draft_size"), and `carry`: what the proposer's own
-    `observe` needs of this step (it gets the proposal back as verdict.proposal), kept off the proposer."""
+    `observe` needs of this step (it gets the proposal back as verdict.proposal), kept off the proposer.
+    `compressed_root`: the root row sees C(kv) only, like a compressed side row (decoding under a KV
+    compression, not lossless; the target's cache must be a flex_layout.FlexLayoutStore)."""
     tree: DraftTree
     q: torch.Tensor | None = None  # (n, V)
     side: SideRows | None = None
     info: dict = field(default_factory=dict)
     carry: dict = field(default_factory=dict)
+    compressed_root: bool = False
 
     def capped(self, max_depth: int) -> "Proposal":
         """The proposal without nodes deeper than max_depth (what can still be emitted); topology kept."""
@@ -98,7 +101,7 @@ class Proposal:
         new = {old: n for n, old in enumerate(keep)}
         capped = DraftTree(tree.root, [tree.tokens[i] for i in keep], [new.get(tree.parents[i], ROOT) for i in keep])
         q = self.q[keep] if self.q is not None else None
-        return Proposal(capped, q, self.side, self.info, self.carry)
+        return replace(self, tree=capped, q=q)
 
 
 @dataclass
@@ -175,15 +178,19 @@ def build_forward(proposal: Proposal, pending: list[int], cached: int, backend: 
         segments.append((m + n, side.mask_mod(m + n, cached, root_pos, device)))
     mask_mod, rows = masks.by_rows(segments), m + n + s
     if store:
-        inputs["attention_mask"] = _store_mask(cache, mask_mod, rows, cached, m + n, side, positions)
+        compressed = torch.zeros(rows, dtype=torch.bool)  # (R,): the rows that see C(kv) only
+        compressed[root_row] = proposal.compressed_root
+        if s and side.compressed:
+            compressed[m + n:] = True
+        inputs["attention_mask"] = _store_mask(cache, mask_mod, rows, cached, compressed, positions)
     else:
         inputs["attention_mask"] = masks.render(mask_mod, rows, cached + rows, backend, dtype, device)
     return inputs, 1 + n + s
 
 
-def _store_mask(store, mask_mod, rows: int, cached: int, first_side: int, side, positions):
+def _store_mask(store, mask_mod, rows: int, cached: int, compressed: torch.Tensor, positions):
     """The BlockMask of the store's layout for `mask_mod`: committed keys sit at slots < cached in any order, so
-    only the forward's own rows (R x R) need evaluating; side rows flagged `compressed` see C(kv) only."""
+    only the forward's own rows (R x R) need evaluating; rows flagged in `compressed` (R,) see C(kv) only."""
     if not hasattr(store, "prepare"):
         raise ValueError(f"the target runs the store's attention ({ATTENTION_NAME!r}) but its cache is a "
                          f"{type(store).__name__}: give the loop a flex_layout.FlexLayoutStore")
@@ -191,9 +198,6 @@ def _store_mask(store, mask_mod, rows: int, cached: int, first_side: int, side, 
     q_idx = torch.arange(rows, device=device)[:, None]  # (R, 1)
     kv_idx = torch.arange(cached, cached + rows, device=device)[None, :]  # (1, R)
     sees = torch.broadcast_to(mask_mod(0, 0, q_idx, kv_idx), (rows, rows))  # (R, R)
-    compressed = torch.zeros(rows, dtype=torch.bool)
-    if side is not None and side.compressed:
-        compressed[first_side:] = True
     return store.prepare(positions, sees, compressed)
 
 
@@ -216,8 +220,8 @@ def forward_proposal(target, cache, proposal: Proposal, pending: list[int], lazy
     and run_forward: the rows of root, nodes and side rows, (1 + n + S, V) or RowLogits."""
     spec = spec or forward_spec(target)
     side = proposal.side
-    if side is not None and side.compressed and spec.backend != ATTENTION_NAME:
-        raise ValueError("compressed side rows read C(kv) from a flex_layout.FlexLayoutStore: the target must be "
+    if ((side is not None and side.compressed) or proposal.compressed_root) and spec.backend != ATTENTION_NAME:
+        raise ValueError("compressed rows read C(kv) from a flex_layout.FlexLayoutStore: the target must be "
                          "attached to one (the proposer's target_cache)")
     inputs, keep = build_forward(proposal, pending, kv_cache.cache_length(cache), spec.backend, spec.dtype,
                                  spec.device, cache)
