@@ -13,7 +13,7 @@ BROWSER_STAMP := $(VENV)/.installed-browser
 LOCK := requirements/lock.txt
 PIP_LOCKED = -m pip install -q -c $(LOCK)
 
-.PHONY: env workbook test lab models bench bench-readme bench-layout clean-figures lock test-latest test-oldest \
+.PHONY: env workbook workbook-full test lab models bench bench-readme bench-layout clean-figures lock test-latest test-oldest \
 	test-drift gpu-report gpu-report-dry
 
 $(BIN)/python:
@@ -37,6 +37,11 @@ env: $(STAMP)
 
 workbook: $(STAMP)
 	$(BIN)/python -m specdec_lib.tools.run_notebooks --out figures
+
+# Every notebook with FULL = True: the long sweeps measured again, their tables saved in data/results/notebooks
+# (about 40 min here; `make workbook` shows those tables without rerunning them).
+workbook-full: $(STAMP)
+	$(BIN)/python -m specdec_lib.tools.run_notebooks --out figures --full
 
 test: $(BROWSER_STAMP)
 	$(BIN)/python -m pytest -q tests

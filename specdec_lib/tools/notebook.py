@@ -40,3 +40,51 @@ def figure_saver(folder):
         return fig
     return save
 
+
+
+RESULTS_DIR = Path(__file__).resolve().parents[2] / "data" / "results" / "notebooks"
+
+
+def long_run(name: str, compute, *, full: bool, pair, smoke: bool = False, settings: dict | None = None,
+             results_dir=None):
+    """The table of a long sweep: run now, or the saved run of the same pair on the same kind of device.
+
+    full=True: `compute()` (a DataFrame) runs, and unless `smoke` it is saved as `<results_dir>/<name>.csv`
+    beside `<name>.json` (where and when it ran, how long it took, `settings`). full=False: the saved table is
+    shown, with a line saying where it was measured, when one exists for this pair (its name) on this kind of
+    device (cpu / cuda); else `compute()` runs now, saying why. A notebook's `FULL` parameter is `full`.
+    """
+    import json
+    import time
+    from datetime import datetime, timezone
+
+    import pandas as pd
+
+    from specdec_lib import bench
+
+    folder = Path(results_dir) if results_dir is not None else RESULTS_DIR
+    table_path, meta_path = folder / f"{name}.csv", folder / f"{name}.json"
+    where = dict(models=pair.name, device_type=pair.device.type)
+    if not full:
+        meta = json.loads(meta_path.read_text()) if meta_path.exists() and table_path.exists() else None
+        if meta is not None and {k: meta.get(k) for k in where} == where:
+            table = pd.read_csv(table_path)
+            print(f"saved run of {meta['date']} on {meta['machine']['device']} ({meta['minutes']:.1f} min; "
+                  f"{_settings_text(meta.get('settings'))}): set FULL = True to measure it again")
+            return table
+        why = "no saved run" if meta is None else f"the saved run is of {meta['models']!r} on {meta['device_type']}"
+        print(f"{why}: running it now")
+    start = time.perf_counter()
+    table = compute()
+    minutes = (time.perf_counter() - start) / 60
+    if full and not smoke:
+        folder.mkdir(parents=True, exist_ok=True)
+        table.to_csv(table_path, index=False)
+        meta = dict(where, name=name, date=datetime.now(timezone.utc).strftime("%Y-%m-%d"), minutes=round(minutes, 2),
+                    machine=bench.machine_info(pair), settings=settings or {})
+        meta_path.write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    return table
+
+
+def _settings_text(settings: dict | None) -> str:
+    return ", ".join(f"{key} {value}" for key, value in (settings or {}).items()) or "default settings"

@@ -3,7 +3,8 @@
 Each notebook under `notebooks/` (matching --pattern) runs top to bottom on a fresh `python3` kernel through
 nbclient. Like papermill, a cell is injected right after the cell tagged `parameters`; it sets
 `FIGURES_DIR = "<out>/<notebook stem>"` (figures are saved there as HTML) and, with --smoke, `SMOKE = True`
-(the notebook's next cell shrinks its sizes). The executed copy is written to `<out>/<name>.ipynb`, with a
+(the notebook's next cell shrinks its sizes), and with --full, `FULL = True` (the long sweeps a notebook otherwise
+shows from data/results/notebooks run again and are saved there). The executed copy is written to `<out>/<name>.ipynb`, with a
 text/html fallback for every plotly figure and a static snapshot of every explorer (`offline_views`), and as a
 standalone page `<out>/<name>.html` that draws its figures offline; `<out>/index.html` links every notebook's
 page, .ipynb and figures. The executed copies are signed as trusted for this user (what `jupyter trust` does):
@@ -177,6 +178,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="figures", help="folder for executed notebooks and figures")
     parser.add_argument("--smoke", action="store_true", help="set SMOKE = True (small, fast runs)")
+    parser.add_argument("--full", action="store_true",
+                        help="set FULL = True: measure the long sweeps again and save them under data/results/notebooks "
+                             "(a cell may then run for half an hour: the cell timeout becomes at least 3600 s)")
     parser.add_argument("--pattern", default="*.ipynb", help="glob of notebook names, e.g. '0*.ipynb'")
     parser.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell")
     parser.add_argument("--notebooks", default=str(NOTEBOOKS_DIR), help="folder holding the notebooks")
@@ -186,7 +190,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         runs = run_all(args.out, smoke=args.smoke, pattern=args.pattern, notebooks_dir=args.notebooks,
-                       timeout=args.timeout, stop_on_error=args.stop_on_error)
+                       timeout=max(args.timeout, 3600) if args.full else args.timeout,
+                       stop_on_error=args.stop_on_error, params={"FULL": True} if args.full else None)
     except FileNotFoundError as err:
         print(err, file=sys.stderr)
         return 2
