@@ -19,6 +19,9 @@ handled here (the rest of the library, the tests and the notebooks call these, n
   `assisted_generation_fixed()` applies 5.16's rule to HF's `AssistedCandidateGenerator` for the duration of
   the `hf_assisted` peer's call, on 5.15 only, so the peer measures HF's method there too.
 
+- **Rope scaling in a config.** 5.x reads a model's rope settings from `config.rope_parameters` (a dict with
+  `rope_type`, `rope_theta`, ...); `yarn_config(config, context)` writes YaRN there, keeping the trained theta.
+
 Simplifications: batch size 1 for `query_rows`; `crop` serves full-attention (DynamicLayer) caches.
 """
 from __future__ import annotations
@@ -130,3 +133,16 @@ def query_rows(args: tuple, kwargs: dict) -> int:
     if args and isinstance(args[0], torch.Tensor):  # input_ids passed positionally
         return int(args[0].shape[1])
     raise ValueError("a forward without input_ids or inputs_embeds")
+
+
+def yarn_config(config, context: int):
+    """`config` stretched to `context` positions by YaRN (Peng et al. 2023): no new weights, rope frequencies
+    interpolated by factor = context / the trained context (config.max_position_embeddings). Returns config."""
+    trained = int(getattr(config, "max_position_embeddings"))
+    old = dict(getattr(config, "rope_parameters", None) or {})
+    trained = int(old.get("original_max_position_embeddings", trained))  # stretching a stretched config
+    theta = old.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+    config.rope_parameters = {"rope_type": "yarn", "rope_theta": theta, "factor": context / trained,
+                              "original_max_position_embeddings": trained}
+    config.max_position_embeddings = int(context)
+    return config

@@ -37,6 +37,10 @@ class GenerationResult:
     wall_seconds: float = 0.0
     method: str = ""
     stats: dict = field(default_factory=dict)  # per-method extras (draft forwards, per-step records, ...)
+    # time to the first token: from the call to the end of the first target forward that yields tokens (the
+    # prefill's), and how many tokens it yielded; the rest of wall_seconds is the decode phase
+    prefill_seconds: float = float("nan")
+    prefill_tokens: int = 0
 
     @property
     def mean_accepted(self) -> float:
@@ -46,6 +50,12 @@ class GenerationResult:
     @property
     def tokens_per_s(self) -> float:
         return len(self.new_tokens) / self.wall_seconds if self.wall_seconds > 0 else float("nan")
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens after the first forward's, per second after it: the decode phase alone (prefill timed apart)."""
+        seconds = self.wall_seconds - self.prefill_seconds
+        return (len(self.new_tokens) - self.prefill_tokens) / seconds if seconds > 0 else float("nan")
 
 
 @dataclass
@@ -59,6 +69,7 @@ class Request:
     eos_token_id: int | None
     draft: torch.nn.Module | None = None
     seed: int | None = None
+    started: float | None = None  # time.perf_counter() when generate started the clock (prefill_seconds from it)
 
     @property
     def prompt_length(self) -> int:
@@ -177,7 +188,7 @@ def generate(method: str, target, input_ids, max_new_tokens: int, *, draft=None,
     if max_new_tokens == 0:
         return GenerationResult([], [], 0, 0.0, method)
     synchronize(device)
-    start = time.perf_counter()
+    start = request.started = time.perf_counter()
     with torch.inference_mode():
         result = spec.decode(request, **config)
     synchronize(device)

@@ -124,6 +124,8 @@ def _steps(req, proposer, state, target, cache, spec, debug, lazy_head) -> Gener
         proposer.observe(state, verdict)
         t3 = time.perf_counter()
         lengths.append(len(emitted))
+        if len(lengths) == 1:
+            first = (t2, len(emitted))  # the prefill's forward: time to the first token
         tree = proposal.tree
         steps.append(dict(tree_size=len(tree), depth=tree.max_depth, accepted=len(verdict.accepted),
                           emitted=len(emitted), full=verdict.full, draft_us=(t1 - t0) * 1e6,
@@ -139,7 +141,10 @@ def _steps(req, proposer, state, target, cache, spec, debug, lazy_head) -> Gener
     stats = dict(steps=steps, drafted=drafted, accepted=accepted,
                  acceptance_rate=accepted / drafted if drafted else float("nan"),
                  draft_us_median=statistics.median(s["draft_us"] for s in steps) if steps else float("nan"))
-    return GenerationResult(state.tokens, lengths, len(lengths), stats=stats)
+    result = GenerationResult(state.tokens, lengths, len(lengths), stats=stats)
+    if steps and req.started is not None:
+        result.prefill_seconds, result.prefill_tokens = first[0] - req.started, first[1]
+    return result
 
 
 def register_proposer(name: str, needs_draft: bool = False):

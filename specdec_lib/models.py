@@ -21,9 +21,15 @@ from pathlib import Path
 
 import torch
 
+from . import compat
+from .checks import check_int
+
 DATA_DIR = Path(os.environ.get("SPECDEC_DATA", Path(__file__).resolve().parent.parent / "data"))
 TINY_DIR = DATA_DIR / "models"
 PROMPTS_DIR = DATA_DIR / "prompts"
+# "tiny-long": the tiny pair read at this context through YaRN (trained at 1024 positions; its held-out loss by
+# position is in data/models/README.md)
+TINY_LONG_CONTEXT = 32768
 # A small hub pair sharing one tokenizer (151,936 ids): what "auto" loads on a GPU (~4 GB in float32).
 HUB_PAIR = ("Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct")
 
@@ -35,8 +41,10 @@ class ModelPair:
     tokenizer: object  # a transformers PreTrainedTokenizerFast
     device: torch.device
     name: str = "tiny"
-    spec: object = "tiny"  # what load_models loaded ("tiny" or (target, draft)): "auto" resolved, to load it again
+    spec: object = "tiny"  # what load_models loaded ("tiny", "tiny-long" or (target, draft)): "auto" resolved, to
+    #                        load it again (with context=pair.context)
     choices: dict = None  # {"device": why, "dtype": why}: what load_models chose for "auto" settings, and why
+    context: int | None = None  # the YaRN context load_models stretched both models to (None: their own)
 
     def encode(self, text: str) -> torch.Tensor:
         """Token ids of `text` as a (1, P) tensor on the pair's device."""
@@ -158,11 +166,17 @@ def _is_local(path) -> bool:
     return Path(str(path)).expanduser().is_dir()
 
 
-def _load_one(source: str, device, dtype, offline_hint: bool):
-    from transformers import AutoModelForCausalLM
+def _load_one(source: str, device, dtype, offline_hint: bool, context: int | None = None):
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=offline_hint)
+        config = AutoConfig.from_pretrained(source, local_files_only=offline_hint)
+        if context is not None:
+            if context <= config.max_position_embeddings:
+                raise ValueError(f"context={context} is not longer than {source!r}'s own "
+                                 f"{config.max_position_embeddings} positions: leave context out")
+            compat.yarn_config(config, context)
+        model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=dtype, local_files_only=offline_hint)
     except OSError as err:
         raise ValueError(
             f"could not load model {source!r} (no local directory of that name, and the hub is unreachable or "
@@ -170,17 +184,23 @@ def _load_one(source: str, device, dtype, offline_hint: bool):
     return model.to(device).eval()
 
 
-def load_models(spec="tiny", device="auto", dtype="auto") -> ModelPair:
+def load_models(spec="tiny", device="auto", dtype="auto", context: int | None = None) -> ModelPair:
     """Load (target, draft, tokenizer).
 
-    spec: "tiny" (the pair under data/models), or a pair (target, draft) of local directories or hub ids, or
-    "auto": `HUB_PAIR` on a CUDA device, the tiny pair on a CPU or when the hub pair cannot be loaded (offline);
-    "auto" prints which pair it loaded and why.
+    spec: "tiny" (the pair under data/models), "tiny-long" (the same at TINY_LONG_CONTEXT positions), or a pair
+    (target, draft) of local directories or hub ids, or "auto": `HUB_PAIR` on a CUDA device, the tiny pair on a
+    CPU or when the hub pair cannot be loaded (offline); "auto" prints which pair it loaded and why.
+    context: read both models at this many positions through YaRN rope scaling (config only, no new weights);
+    it must exceed what they were trained at.
     """
     from transformers import AutoTokenizer
 
+    if spec == "tiny-long":
+        return load_models("tiny", device, dtype, context=context or TINY_LONG_CONTEXT)
+    if context is not None:
+        check_int("context", context, 2)
     if spec == "auto":
-        return _load_auto(device, dtype)
+        return _load_auto(device, dtype, context)
     device_spec, dtype_spec = device, dtype
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
@@ -189,40 +209,44 @@ def load_models(spec="tiny", device="auto", dtype="auto") -> ModelPair:
             raise FileNotFoundError(f"the shipped tiny pair is missing under {TINY_DIR}; "
                                     "train it with `python -m specdec_lib.tools.train_tiny --out data/models`")
         target_src, draft_src, name = str(TINY_DIR / "target"), str(TINY_DIR / "draft"), "tiny"
+        if context is not None:
+            name = "tiny-long" if context == TINY_LONG_CONTEXT else f"tiny@{context}"
     elif isinstance(spec, (tuple, list)) and len(spec) == 2 and all(isinstance(s, (str, Path)) for s in spec):
         target_src, draft_src = (str(s) for s in spec)
-        name = f"{Path(target_src).name}+{Path(draft_src).name}"
+        name = f"{Path(target_src).name}+{Path(draft_src).name}" + (f"@{context}" if context else "")
     else:
-        raise TypeError(f"spec must be 'tiny' or a (target, draft) pair of directories or hub ids, got {spec!r}")
+        raise TypeError(f"spec must be 'tiny', 'tiny-long', 'auto' or a (target, draft) pair of directories or hub "
+                        f"ids, got {spec!r}")
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
-    target = _load_one(target_src, device, dtype, offline and not _is_local(target_src))
-    draft = _load_one(draft_src, device, dtype, offline and not _is_local(draft_src))
+    target = _load_one(target_src, device, dtype, offline and not _is_local(target_src), context)
+    draft = _load_one(draft_src, device, dtype, offline and not _is_local(draft_src), context)
     check_same_vocab(target, draft)
     tokenizer = AutoTokenizer.from_pretrained(target_src, local_files_only=offline and not _is_local(target_src))
     check_same_tokenizer(tokenizer, _draft_tokenizer(draft_src, offline))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return ModelPair(target=target, draft=draft, tokenizer=tokenizer, device=device, name=name,
-                     spec=spec if spec == "tiny" else (target_src, draft_src),
+                     spec="tiny-long" if name == "tiny-long" else spec if spec == "tiny" else (target_src, draft_src),
+                     context=context,
                      choices=describe_choices(device_spec, dtype_spec, device))
 
 
-def _load_auto(device, dtype) -> ModelPair:
+def _load_auto(device, dtype, context=None) -> ModelPair:
     """The hub pair on a GPU, else the tiny pair, saying which, on what device and dtype, and why (notebooks run
     the same cells on either)."""
     resolved = resolve_device(device)
     settings = dict(device=resolved, dtype=resolve_dtype(dtype, resolved))
     if resolved.type != "cuda":
         which = f"the shipped tiny pair (no GPU: the hub pair {HUB_PAIR} is for GPUs)"
-        pair = load_models("tiny", **settings)
+        pair = load_models("tiny", **settings, context=context)
     else:
         try:
-            pair = load_models(HUB_PAIR, **settings)
+            pair = load_models(HUB_PAIR, **settings, context=context)
             which = f"the hub pair target={HUB_PAIR[0]}, draft={HUB_PAIR[1]}"
         except (ValueError, OSError) as err:  # offline, or the hub refused: the tiny pair runs everywhere
             which = (f"the shipped tiny pair (the hub pair {HUB_PAIR} could not be loaded: "
                      f"{str(err).splitlines()[0][:200]})")
-            pair = load_models("tiny", **settings)
+            pair = load_models("tiny", **settings, context=context)
     pair.choices = describe_choices(device, dtype, resolved)
     print(f"MODELS='auto': {which}\n  device {pair.choices['device']}\n  dtype {pair.choices['dtype']}")
     return pair

@@ -16,7 +16,10 @@ Protocol (the one of Spec-Bench, Xia et al. 2024, at batch size 1):
 - `summarize` takes, per method and prompt, the median wall time over repeats; tokens/s is total new
   tokens / total of those medians (aggregate throughput over the suite; Spec-Bench averages per-prompt
   speeds instead, which gives short fast runs more weight), and speedup is that over hf's from the same
-  run. MAT is total new tokens / total target forwards. Methods that report them add `hit_rate` (card's
+  run. MAT is total new tokens / total target forwards. The two phases apart: `prefill_ms` (time to the first
+  token: the call to the end of the first target forward, the prompt's, mean over prompts) and
+  `decode_tokens_per_s` (the tokens after that forward's over the time after it, per-prompt medians summed),
+  each against hf's (`prefill_vs_hf`, `decode_speedup`): at long context the prefill dominates short runs. Methods that report them add `hit_rate` (card's
   cache hits) and `overlap` (card's concurrent modes: the fraction of wall time drafter and target both
   computed, bench/timeline.py), averaged over runs.
 
@@ -46,6 +49,7 @@ from ..decoding import METHODS, context_length, generate
 from ..models import PROMPTS_DIR, cpu_model_name
 
 SUITES = ("code", "editing")
+LONG_SUITES = ("long_code",)  # repository-level code completion at 1k-16k tokens: for the long pair ("tiny-long")
 PUBLIC_SUITES = ("humaneval",)  # shipped by a package: offline too
 DEFAULT_LIMIT = 12  # CLI default: the first 12 prompts of a suite (a whole suite takes long on a small CPU)
 
@@ -79,8 +83,8 @@ def load_suite(name: str, limit: int | None = None, prompt_field: str = "prompt"
     """The prompts of a suite as [{"id", "prompt"}, ...] (first `limit` only, when given)."""
     if name in PUBLIC_SUITES:
         rows = [dict(row, id=row["task_id"], category=name) for row in _json_rows(humaneval_path())]
-    elif name in SUITES or name.endswith((".jsonl", ".json")):
-        path = PROMPTS_DIR / f"{name}.jsonl" if name in SUITES else Path(name)
+    elif name in SUITES + LONG_SUITES or name.endswith((".jsonl", ".json")):
+        path = PROMPTS_DIR / f"{name}.jsonl" if name in SUITES + LONG_SUITES else Path(name)
         if not path.exists():
             raise FileNotFoundError(f"{path} is missing; write the suites with `python -m specdec_lib.tools.make_prompts`")
         rows = _json_rows(path)
@@ -105,6 +109,8 @@ def load_suite(name: str, limit: int | None = None, prompt_field: str = "prompt"
         item = {"id": str(row.get("id", row.get("question_id", i))), "prompt": prompt}
         if row.get("category", row.get("suite")) is not None:  # Spec-Bench's categories; our suites' name
             item["category"] = str(row.get("category", row.get("suite")))
+        if row.get("context") is not None:  # long_code: the length the prompt was cut to
+            item["context"] = int(row["context"])
         out.append(item)
     return out[:limit] if limit is not None else out
 
@@ -178,6 +184,8 @@ def run_bench(pair, suite, methods, max_new_tokens: int = 128, repeats: int = 3,
                                  category=prompt.get("category", prompt.get("suite", "")),
                                  prompt_tokens=ids.shape[1], new_tokens=len(result.new_tokens),
                                  wall_seconds=result.wall_seconds, tokens_per_s=result.tokens_per_s,
+                                 prefill_seconds=result.prefill_seconds, prefill_tokens=result.prefill_tokens,
+                                 decode_tokens_per_s=result.decode_tokens_per_s,
                                  target_forwards=result.target_forwards, mat=result.mean_accepted,
                                  draft_forwards=result.stats.get("draft_forwards"),
                                  hit_rate=result.stats.get("hit_rate"), overlap=_overlap(result),
@@ -209,8 +217,11 @@ def _overlap(result) -> float | None:
 
 def summarize(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per method, hf first: tokens/s = total tokens / total per-prompt median time (see docstring)."""
+    timed = "prefill_seconds" in runs  # runs saved before the prefill was timed apart have no such column
+    phases = dict(prefill_seconds=("prefill_seconds", "median"), prefill_tokens=("prefill_tokens", "median")) \
+        if timed else {}
     per_prompt = runs.groupby(["method", "prompt_id"], sort=False).agg(
-        new_tokens=("new_tokens", "median"), wall_seconds=("wall_seconds", "median")).reset_index()
+        new_tokens=("new_tokens", "median"), wall_seconds=("wall_seconds", "median"), **phases).reset_index()
     rows = []
     for method, group in per_prompt.groupby("method", sort=False):
         mine = runs[runs.method == method]
@@ -221,10 +232,18 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
                          target_forwards=mine.target_forwards.mean(),
                          seconds=group.wall_seconds.sum(),
                          all_match_hf=bool(matches.all()) if len(matches) else None,  # None: hf, sampling
+                         **(dict(prefill_ms=1e3 * group.prefill_seconds.mean(),
+                                 decode_tokens_per_s=(group.new_tokens - group.prefill_tokens).sum()
+                                 / (group.wall_seconds - group.prefill_seconds).sum()) if timed else {}),
                          **{key: mine[key].mean() for key in ("hit_rate", "overlap") if key in mine}))
     table = pd.DataFrame(rows).dropna(axis=1, how="all")  # hit_rate / overlap only when a method has them
     hf = table.loc[table.method == "hf", "tokens_per_s"]
     table.insert(3, "speedup", table.tokens_per_s / hf.iloc[0] if len(hf) else math.nan)
+    if timed:  # the two phases against hf's: decode speedup, and prefill time as a multiple of hf's
+        first = table.method == "hf"
+        table["decode_speedup"] = table.decode_tokens_per_s / table.loc[first, "decode_tokens_per_s"].iloc[0] \
+            if first.any() else math.nan
+        table["prefill_vs_hf"] = table.prefill_ms / table.loc[first, "prefill_ms"].iloc[0] if first.any() else math.nan
     table["_first"] = table.method != "hf"
     return table.sort_values("_first", kind="stable").drop(columns="_first").reset_index(drop=True)
 

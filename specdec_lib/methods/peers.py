@@ -17,31 +17,41 @@ Simplifications: batch size 1; HF's own stopping criteria beyond max_new_tokens/
 from __future__ import annotations
 
 import copy
+import time
 
 import torch
 
 from .. import compat
 from ..checks import check_int
 from ..decoding import GenerationResult, Request, register
+from ..models import synchronize
 
 
 class ForwardCounter:
     """Context manager: for every forward of `model`, the cache length at its start and the rows it feeds."""
 
     def __init__(self, model):
-        self.model, self.starts, self.rows, self._handle = model, [], [], None
+        self.model, self.starts, self.rows, self._handles = model, [], [], []
+        self.first_done = None  # time.perf_counter() at the end of the first forward (the prefill)
 
     def _hook(self, module, args, kwargs):
         cache = compat.find_cache(args, kwargs)
         self.starts.append(int(cache.get_seq_length()) if cache is not None else 0)
         self.rows.append(compat.query_rows(args, kwargs))
 
+    def _done(self, module, args, output):
+        if self.first_done is None:
+            synchronize(next(module.parameters()).device)
+            self.first_done = time.perf_counter()
+
     def __enter__(self):
-        self._handle = self.model.register_forward_pre_hook(self._hook, with_kwargs=True)
+        self._handles = [self.model.register_forward_pre_hook(self._hook, with_kwargs=True),
+                         self.model.register_forward_hook(self._done)]
         return self
 
     def __exit__(self, *exc):
-        self._handle.remove()
+        for handle in self._handles:
+            handle.remove()
 
 
 def accept_lengths_from_starts(starts: list[int], prompt_length: int, new_tokens: int) -> list[int]:
@@ -82,7 +92,10 @@ def _run_hf(req: Request, assistant=None, **extra) -> GenerationResult:
                                   generation_config=config, **kwargs)
     tokens = req.trim(out[0, req.prompt_length:].tolist())
     lengths = accept_lengths_from_starts(counter.starts, req.prompt_length, len(tokens))
-    return GenerationResult(tokens, lengths, len(counter.starts))
+    result = GenerationResult(tokens, lengths, len(counter.starts))
+    if req.started is not None and counter.first_done is not None:
+        result.prefill_seconds, result.prefill_tokens = counter.first_done - req.started, lengths[0]
+    return result
 
 
 @register("hf")

@@ -1,4 +1,4 @@
-"""Write the project's own prompt suites, data/prompts/code.jsonl and data/prompts/editing.jsonl.
+"""Write the project's own prompt suites: data/prompts/code.jsonl, editing.jsonl and long_code.jsonl.
 
     python -m specdec_lib.tools.make_prompts            # deterministic: same stdlib + same seed -> same files
 
@@ -12,7 +12,12 @@ never saw a line of them in training. Each row is {"id", "suite", "prompt", "sou
   renamed, indentation changed, quotes swapped, or type hints added) cut part-way, so most of the
   continuation repeats text already in the prompt: the case where prompt lookup shines.
 
-Prompts + 128 new tokens stay well inside the tiny target's 1024-token context.
+- long_code: repository-level completion for long contexts. Held-out files concatenated (each under a
+  `# file: Lib/<path>` line) to about 1k, 2k, 4k, 8k and 16k tokens, ending part-way through the last file:
+  the continuation of that file, with the other files as context (`category` is the length, "16k").
+
+Prompts of code and editing + 128 new tokens stay well inside the tiny target's 1024-token context; long_code
+needs the long pair (`load_models("tiny-long")`, YaRN).
 
 Simplifications: the suites depend on the standard library of the Python that wrote them (the `source`
 field names the version); they are committed, so other machines read them rather than rebuild them.
@@ -38,6 +43,10 @@ SNIPPET_TOKENS = 170  # editing: the original function is at most this long
 EDIT_PROMPT_TOKENS = 400  # editing: original + partial rewrite
 N_PROMPTS = 24
 SEED = 0
+LONG_LENGTHS = (1024, 2048, 4096, 8192, 16384)  # long_code: prompt lengths (tiny-tokenizer tokens, at most)
+LONG_PER_LENGTH = 3
+LONG_TAIL_LINES = 40  # the last file keeps at least this many lines after the cut (the continuation)
+LONG_SLACK = 256  # whole files are taken while this many tokens are left for the cut file
 PY = f"cpython-{sys.version_info.major}.{sys.version_info.minor}"
 
 
@@ -170,6 +179,38 @@ def editing_prompts(tok, n: int = N_PROMPTS, seed: int = SEED) -> list[dict]:
     return rows
 
 
+def long_code_prompts(tok, lengths=LONG_LENGTHS, per_length: int = LONG_PER_LENGTH, seed: int = SEED) -> list[dict]:
+    """Repository-level completion: held-out files, each under a `# file: Lib/<path>` line, concatenated until
+    the prompt holds close to `length` tokens, the last file cut at a line boundary with at least
+    LONG_TAIL_LINES lines of it left to continue. One seeded file order per prompt."""
+    sources = [(rel, lines) for rel, lines in _heldout_sources() if len(lines) >= 2 * LONG_TAIL_LINES]
+    count = lambda text: len(tok(text)["input_ids"])  # noqa: E731
+    rows, rng = [], random.Random(seed)
+    for length in lengths:
+        for i in range(per_length):
+            order = list(sources)
+            rng.shuffle(order)
+            text, used = "", []
+            for rel, lines in order:
+                header = f"# file: Lib/{rel}\n"
+                whole = header + "".join(lines) + "\n"
+                if count(text + whole) <= length - LONG_SLACK:  # a whole file fits: take it and go on
+                    text, used = text + whole, used + [f"Lib/{rel}"]
+                    continue
+                lo, hi = LONG_TAIL_LINES // 2, len(lines) - LONG_TAIL_LINES  # the cut of the last file
+                if count(text + header + "".join(lines[:lo])) > length:
+                    continue  # not even its first lines fit: try a shorter file
+                while lo < hi:  # the longest cut that fits
+                    mid = (lo + hi + 1) // 2
+                    lo, hi = (mid, hi) if count(text + header + "".join(lines[:mid])) <= length else (lo, mid - 1)
+                prompt = text + header + "".join(lines[:lo])
+                rows.append({"id": f"long_code-{length // 1024}k-{i}", "suite": "long_code",
+                             "category": f"{length // 1024}k", "context": length, "prompt": prompt,
+                             "source": f"{PY} " + ", ".join(used + [f"Lib/{rel} lines 1-{lo}"])})
+                break
+    return rows
+
+
 def write(rows: list[dict], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
@@ -184,8 +225,11 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=SEED)
     args = parser.parse_args(argv)
     tok = _tokenizer()
-    for name, make in (("code", code_prompts), ("editing", editing_prompts)):
-        rows = make(tok, args.n, args.seed)
+    makers = (("code", lambda: code_prompts(tok, args.n, args.seed)),
+              ("editing", lambda: editing_prompts(tok, args.n, args.seed)),
+              ("long_code", lambda: long_code_prompts(tok, seed=args.seed)))
+    for name, make in makers:
+        rows = make()
         path = Path(args.out) / f"{name}.jsonl"
         write(rows, path)
         lengths = [len(tok(r["prompt"])["input_ids"]) for r in rows]
