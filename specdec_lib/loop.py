@@ -15,8 +15,10 @@ emitted tokens (`Request.trim`, the KV of cut tokens is not kept), the per-step 
 accepted, emitted, full, draft_us (propose), verify_ms (forward, verdict and commit), update_us (observe), plus the
 proposal's `info`), the totals, the debug
 invariant (after every step the cache holds every committed token but the last), and `GenerationResult`.
-The prompt's prefill is the first step's forward (verify.build_forward puts prompt[:-1] before the root,
-causal), so every forward yields tokens: target_forwards == len(accept_lengths), sum == len(new_tokens).
+The prompt's prefill belongs to the first step: a plain step's forward is the prompt's causal forward; a step
+with a draft or side rows feeds prompt[:-1] in a causal forward of its own first (verify.prefill: no P x P mask),
+then verifies as every later step does. target_forwards counts steps: target_forwards == len(accept_lengths),
+sum == len(new_tokens); the time to the first token is GenerationResult.prefill_seconds.
 
 Extension points for the next methods (documented in verify.SideRows / Proposal):
 - Lookahead and FAFO draft inside the target's own forward: their Proposal carries `side` rows (Jacobi or

@@ -42,6 +42,8 @@ def check_lengths(result, n):
     assert len(result.new_tokens) == n
     assert sum(result.accept_lengths) == len(result.new_tokens)
     assert result.target_forwards == len(result.accept_lengths) and all(a >= 1 for a in result.accept_lengths)
+    # the time to the first token: the first forward that yields tokens ends inside the call, and yields those
+    assert 0 < result.prefill_seconds <= result.wall_seconds and result.prefill_tokens == result.accept_lengths[0]
     if "steps" in result.stats:  # the loop's per-step records
         check_schema(result.stats)
         steps = result.stats["steps"]

@@ -6,9 +6,10 @@ their draft distribution q. Notation (package docstring): p = target, q = draft,
 
 State between steps: `committed` = prompt + output; the target's cache holds every committed token but the
 last (the *root*), except on the first step, when it is empty. One step:
-1. `build_forward`: rows = the committed tokens the cache lacks (prompt[:-1] on step 1, causal: the prefill folds
-   into the first verification) + root + tree nodes (+ side rows), positions and ONE mask composed from
-   masks.py's pieces. A plain step (no nodes, no side rows) is a causal forward: no mask at all.
+1. `build_forward`: rows = the committed tokens the cache lacks (prompt[:-1] on step 1) + root + tree nodes
+   (+ side rows), positions and ONE mask composed from masks.py's pieces. A plain step (no nodes, no side rows)
+   is a causal forward: no mask at all, so on step 1 it is the prompt's prefill. A step with a mask feeds
+   prompt[:-1] first in a causal forward of its own (`prefill`), so only its own rows meet the mask.
 2. the forward (`run_forward`) keeps the rows of root, nodes and side rows; with `lazy` (models whose logits
    are exactly lm_head(hidden): PLAIN_HEAD_MODELS) it returns `RowLogits`, projecting a row through the LM
    head only when read: the walk reads 1 + k of the 1 + n rows.
@@ -223,9 +224,23 @@ def forward_proposal(target, cache, proposal: Proposal, pending: list[int], lazy
     if ((side is not None and side.compressed) or proposal.compressed_root) and spec.backend != ATTENTION_NAME:
         raise ValueError("compressed rows read C(kv) from a flex_layout.FlexLayoutStore: the target must be "
                          "attached to one (the proposer's target_cache)")
+    masked = len(proposal.tree) or (side is not None and len(side)) or spec.backend == ATTENTION_NAME
+    if len(pending) > 1 and masked:
+        prefill(target, cache, pending[:-1], spec)
+        pending = pending[-1:]
     inputs, keep = build_forward(proposal, pending, kv_cache.cache_length(cache), spec.backend, spec.dtype,
                                  spec.device, cache)
     return run_forward(target, cache, inputs, keep, lazy and spec.lazy_ok, checked=True)
+
+
+def prefill(target, cache, tokens: list[int], spec: ForwardSpec) -> None:
+    """Feed `tokens` (the committed tokens the cache lacks but the root: the prompt, on the first step) in a
+    causal forward of their own, before a step's masked forward: with no mask the attention takes its causal
+    kernel (a P x P mask would cost the prompt's prefill several times over at long context), and only the
+    step's own rows meet a mask. The logits are not read."""
+    inputs, _ = build_forward(Proposal(DraftTree(tokens[-1])), tokens, kv_cache.cache_length(cache), spec.backend,
+                              spec.dtype, spec.device, cache)
+    compat.forward(target, cache=cache, use_cache=True, logits_to_keep=1, **inputs)
 
 
 def run_forward(target, cache, inputs: dict, keep: int, lazy: bool = True, checked: bool = False):
