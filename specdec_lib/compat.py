@@ -22,6 +22,10 @@ handled here (the rest of the library, the tests and the notebooks call these, n
 - **Rope scaling in a config.** 5.x reads a model's rope settings from `config.rope_parameters` (a dict with
   `rope_type`, `rope_theta`, ...); `yarn_config(config, context)` writes YaRN there, keeping the trained theta.
 
+- **Attention with its log-sum-exp** (torch): `attention_with_lse` gives both, to merge attention over two key
+  sets exactly; on a CPU it is torch's fused flash kernel (`_scaled_dot_product_flash_attention_for_cpu`, a
+  private op: float32/float64/bf16, masks allowed), elsewhere the scores are formed explicitly.
+
 Simplifications: batch size 1 for `query_rows`; `crop` serves full-attention (DynamicLayer) caches.
 """
 from __future__ import annotations
@@ -146,3 +150,21 @@ def yarn_config(config, context: int):
                               "original_max_position_embeddings": trained}
     config.max_position_embeddings = int(context)
     return config
+
+
+def attention_with_lse(query, key, value, mask=None, scale=None):
+    """(out (B, H, R, D), lse (B, H, R) float32 or the dtype's) of softmax attention; `mask` an additive float
+    mask broadcastable to (B, H, R, K), or None. Same head counts for query and key (fold groups beforehand)."""
+    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if query.device.type == "cpu" and op is not None:
+        try:
+            return op(query, key, value, 0.0, False, attn_mask=mask, scale=scale)
+        except RuntimeError:  # a dtype or shape the fused kernel refuses: the explicit form below
+            pass
+    scale = scale if scale is not None else query.shape[-1] ** -0.5
+    exact = torch.float64 if query.dtype == torch.float64 else torch.float32
+    scores = (query @ key.transpose(-1, -2)).to(exact) * scale  # (B, H, R, K)
+    if mask is not None:
+        scores = scores + mask.to(exact)
+    lse = scores.logsumexp(-1)
+    return ((scores - lse[..., None]).exp().to(value.dtype) @ value), lse

@@ -72,9 +72,10 @@ class Proposer:
 
     def target_cache(self, state: LoopState):
         """The target's KV cache for this generation, made once after `start` (the loop owns it from then on):
-        a DynamicCache, or a cache with its own layout (FAFO: a flex_layout.FlexLayoutStore, whose compressed
+        a DynamicCache appending in place (kv_cache.ContiguousLayer), or a cache with its own layout (FAFO: a flex_layout.FlexLayoutStore, whose compressed
         KV its side rows read)."""
-        return kv_cache.new_cache(state.request.target)
+        req = state.request  # room for every token and a step's rows (a larger step grows it)
+        return kv_cache.new_cache(req.target, capacity=req.prompt_length + req.max_new_tokens + 64)
 
     def finish(self, state: LoopState) -> None:
         """Once, after the last step, also when a step raised (undo what start/target_cache changed, stop what

@@ -2,7 +2,7 @@
 
 - attention over the managed (swapped, compacted) layout equals attention over the logical sets gathered the
   slow way, for full and compressed rows, random appends / compactions / swaps (float64, 1e-10), in the three
-  attention modes (eager flex, dense; compiled flex in float32);
+  attention modes (eager flex, dense, split; compiled flex in float32);
 - decoding through the store with full rows = HF greedy (shipped target, random Llama and Qwen2);
 - decoding with StreamingLLM rows = a naive reference (DynamicCache + an explicit mask over logical positions);
 - the block tables: compressed rows load the fixed blocks and their own, full rows every valid block;
@@ -18,6 +18,7 @@ import torch
 
 from conftest import SHIPPED_PROMPTS, random_lm
 from specdec_lib import compat, generate
+from specdec_lib.mechanisms import flex_backend as fl_backend
 from specdec_lib.mechanisms import flex_layout as fl
 from specdec_lib.mechanisms.compression import CacheView, Quest, StreamingLLM
 from specdec_lib.methods.autoregressive import greedy_through_store
@@ -58,7 +59,9 @@ def layout_attention(store, q):
     outs = []
     for layer in range(store.layers_n):
         k, v = store.keys[layer][None], store.values[layer][None]
-        if store.attention == "dense":
+        if store.attention == "split":
+            outs.append(fl_backend.split_attention(store, q[layer][None], k, v)[0])
+        elif store.attention == "dense":
             outs.append(torch.nn.functional.scaled_dot_product_attention(
                 q[layer][None], k, v, attn_mask=store.dense_mask(), enable_gqa=True)[0])
         else:
@@ -108,7 +111,7 @@ def random_walk(attention, compression, dtype=torch.float64, steps=14, seed=0, t
     return store
 
 
-@pytest.mark.parametrize("attention", ["eager", "dense"])
+@pytest.mark.parametrize("attention", ["eager", "dense", "split"])
 @pytest.mark.parametrize("compression", [StreamingLLM(2, 10), Quest(32, 8)], ids=["streaming", "quest"])
 def test_layout_attention_equals_the_logical_gather(attention, compression):
     random_walk(attention, compression, seed=hash((attention, type(compression).__name__)) % 1000)
@@ -158,7 +161,7 @@ def test_full_rows_reproduce_greedy_on_the_shipped_target(tiny_pair64, tiny_pair
     for text in SHIPPED_PROMPTS:
         ids = tiny_pair.encode(text)
         want = generate("autoregressive", tiny_pair64[0], ids, 24).new_tokens
-        for attention, steps in (("dense", 24), ("eager", 3)):  # eager flex: ~0.5 s per forward here
+        for attention, steps in (("split", 24), ("dense", 24), ("eager", 3)):  # eager flex: ~0.5 s per forward
             store = fl.FlexLayoutStore(target, capacity=128, compression=StreamingLLM(4, 12), block=16,
                                        attention=attention)
             assert greedy_through_store(target, store, ids[0].tolist(), steps) == want[:steps]
@@ -289,12 +292,12 @@ def test_benchmark_counts_the_blocks_each_case_loads():
     assert all(r["ms"] > 0 for r in rows.values())
 
 
-def test_auto_attention_falls_back_to_dense_where_compiled_flex_fails(monkeypatch):
+def test_auto_attention_falls_back_to_split_where_compiled_flex_fails(monkeypatch):
     """On a GPU "auto" takes compiled flex only where it compiles and runs for the model's shapes (probed once);
-    a T4's shared memory, say, refuses Triton's kernel: then dense, saying why. The probe is faked here."""
+    a T4's shared memory, say, refuses Triton's kernel: then split, saying why. The probe is faked here."""
     from specdec_lib.mechanisms import flex_backend
 
-    assert flex_backend.choose_attention("cpu", torch.float32, 8, 2, 64)[0] == "dense"
+    assert flex_backend.choose_attention("cpu", torch.float32, 8, 2, 64)[0] == "split"
     probes = []
 
     def fake_probe(device, dtype, heads, kv_heads, head_dim):
@@ -304,8 +307,8 @@ def test_auto_attention_falls_back_to_dense_where_compiled_flex_fails(monkeypatc
     monkeypatch.setattr(flex_backend, "_probe_compiled_flex", fake_probe)
     monkeypatch.setattr(flex_backend, "_PROBED", {})
     mode, why = flex_backend.choose_attention("cuda", torch.float16, 8, 2, 64)
-    assert mode == "dense" and "shared memory" in why
-    assert flex_backend.choose_attention("cuda", torch.float16, 8, 2, 64)[0] == "dense"
+    assert mode == "split" and "shared memory" in why
+    assert flex_backend.choose_attention("cuda", torch.float16, 8, 2, 64)[0] == "split"
     assert flex_backend.choose_attention("cuda", torch.bfloat16, 8, 2, 64)[0] == "compiled"
     assert probes == [(torch.float16, 64), (torch.bfloat16, 64)], "each device/dtype/shape is probed once"
 

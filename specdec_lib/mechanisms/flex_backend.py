@@ -19,6 +19,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .. import compat
+
 ATTENTION_NAME = "specdec_flex_layout"
 
 
@@ -59,7 +61,11 @@ ATTENTION_MODES = {
     "compiled": "torch.compile(flex_attention): block-sparse, loads only the listed KV blocks (float32/bf16)",
     "eager": "flex_attention unfused: applies the mask_mod to every score through vmap, ignores the block "
              "tables (exact, float64 too; slow: on a CPU many times the dense mode's cost per call)",
-    "dense": "the same mask_mod rendered once per forward to a bool mask for sdpa (exact, fast on a CPU)",
+    "dense": "the same mask_mod rendered once per forward to a bool mask for sdpa (exact; every row pays for "
+             "every committed slot)",
+    "split": "each row group against its committed slots with no mask (full rows: all of them, compressed rows: "
+             "the fixed region only), and the forward's own rows under `sees`, merged by log-sum-exp (exact; a "
+             "compressed row's cost does not grow with the context: the CPU default)",
 }
 
 
@@ -113,13 +119,14 @@ def _probe_compiled_flex(device, dtype, heads, kv_heads, head_dim) -> str | None
 
 
 def choose_attention(device, dtype, heads: int, kv_heads: int, head_dim: int) -> tuple[str, str]:
-    """(mode, why) for attention="auto": "dense" on a CPU, "compiled" on a GPU where it runs, else "dense"."""
+    """(mode, why) for attention="auto": "split" on a CPU, "compiled" on a GPU where it runs, else "split"."""
     device = torch.device(device)
     if device.type != "cuda":
-        return "dense", "dense on a CPU: sdpa under a rendered mask is exact and faster there than compiled flex"
+        return "split", ("split on a CPU: each row reads only the committed slots it sees (a compressed row the "
+                         "fixed region), exact, and faster there than compiled flex")
     problem = compiled_flex_problem(device, dtype, heads, kv_heads, head_dim)
     if problem:
-        return "dense", f"dense, since {problem}"
+        return "split", f"split, since {problem}"
     return "compiled", "compiled flex_attention: block-sparse, loads only the listed KV blocks"
 
 
@@ -130,7 +137,9 @@ def layout_attention(module, query, key, value, attention_mask, scaling=None, dr
         raise ValueError(f"a model switched to {ATTENTION_NAME!r} takes the BlockMask of FlexLayoutStore.prepare "
                          f"as attention_mask (got {type(attention_mask).__name__})")
     store.note_query(module.layer_idx, query)
-    if store.attention == "dense":
+    if store.attention == "split":
+        out = split_attention(store, query, key, value, scaling)
+    elif store.attention == "dense":
         end = store.valid_slots()  # slots past the forward's own rows hold nothing: leave them out
         out = torch.nn.functional.scaled_dot_product_attention(
             query, key[:, :, :end], value[:, :, :end], attn_mask=store.dense_mask()[..., :end], scale=scaling,
@@ -138,6 +147,42 @@ def layout_attention(module, query, key, value, attention_mask, scaling=None, dr
     else:
         out = flex(query, key, value, attention_mask, scaling, store.attention == "compiled")
     return out.transpose(1, 2).contiguous(), None
+
+
+def split_attention(store, query, key, value, scale=None):
+    """Attention of the forward in flight in two parts per row: its committed slots with no mask (slots < base
+    for full rows, < compressed for compressed rows: FAFO's fixed region, a contiguous slice) and the forward's
+    own rows under `sees`; the parts merge exactly through their log-sum-exps. query (1, heads, R, dim),
+    key/value (1, kv_heads, capacity, dim); returns (1, heads, R, dim)."""
+    base, rows, compressed, sees, flags, causal = store.forward_parts()
+    own_k, own_v = key[:, :, base:base + rows], value[:, :, base:base + rows]  # (1, kv_heads, R, dim)
+    groups = query.shape[1] // key.shape[1]  # grouped-query attention: heads per kv head
+    if base == 0 and causal:  # a prompt's prefill: causal over its own rows, nothing committed yet
+        return torch.nn.functional.scaled_dot_product_attention(query, own_k, own_v, is_causal=True, scale=scale,
+                                                                enable_gqa=groups > 1)
+    blocked = torch.zeros(rows, rows, dtype=query.dtype, device=query.device)  # additive (R, R)
+    blocked.masked_fill_(~sees.to(query.device), torch.finfo(query.dtype).min)
+    out, lse = _folded(compat.attention_with_lse, query, own_k, own_v, blocked, scale, groups)
+    for flag, end in ((False, base), (True, compressed)):  # full rows, then compressed rows
+        pick = (flags == flag).nonzero()[:, 0].to(query.device)
+        if end == 0 or len(pick) == 0:
+            continue
+        part, part_lse = _folded(compat.attention_with_lse, query[:, :, pick], key[:, :, :end], value[:, :, :end],
+                                 None, scale, groups)
+        total = torch.logaddexp(lse[:, :, pick], part_lse)  # (1, heads, r)
+        out[:, :, pick] = (out[:, :, pick] * (lse[:, :, pick] - total).exp()[..., None].to(out.dtype)
+                           + part * (part_lse - total).exp()[..., None].to(out.dtype))
+        lse[:, :, pick] = total
+    return out
+
+
+def _folded(attend, query, key, value, mask, scale, groups):
+    """attend() with the query heads of each kv head folded into its rows (no copy of the keys):
+    (1, heads, R, dim) -> (1, kv_heads, groups * R, dim), the (R, K) mask repeated per group; unfolded after."""
+    batch, heads, rows, dim = query.shape
+    folded = query.reshape(batch, heads // groups, groups * rows, dim)
+    out, lse = attend(folded, key, value, None if mask is None else mask.repeat(groups, 1)[None, None], scale)
+    return out.reshape(batch, heads, rows, dim), lse.reshape(batch, heads, rows)
 
 
 def attach(model):

@@ -104,7 +104,7 @@ class FlexLayoutStore(Cache):
     weights); capacity: slots per layer (a multiple of `block`); compression: C (StreamingLLM() by default); block: KV
     block size of the BlockMask (128, FlexAttention's default); q_block: query block size; attention: how the
     attention function runs the mask (see `ATTENTION_MODES`; "auto": "compiled" on a GPU where compiled flex runs
-    for this model, else "dense"; `attention_reason` says why, and a fallback on a GPU is printed)."""
+    for this model, else "split"; `attention_reason` says why, and a fallback on a GPU is printed)."""
 
     def __init__(self, model, capacity: int, compression: Compression | None = None, block: int = BLOCK,
                  q_block: int = 128, attention: str = "auto", dtype=None, device=None):
@@ -146,6 +146,7 @@ class FlexLayoutStore(Cache):
         self._dense_mask = None  # "dense" mode: the mask of the forward in flight, rendered once for every layer
         self.fixed_blocks = -(-kv_budget // block)  # B_fixed
         self.length = self.compressed = self._base = self._rows = 0
+        self._causal = False
         self._queried = False
         self._dirty = False  # entries changed since the last compress
         self.base_t = torch.zeros((), dtype=torch.long, device=device)  # read by the mask_mods
@@ -182,6 +183,7 @@ class FlexLayoutStore(Cache):
                              f"fit (make capacity larger)")
         if self._dirty:
             self.compress()
+        causal = sees is None
         sees = torch.ones(rows, rows, dtype=torch.bool).tril() if sees is None else torch.as_tensor(sees)
         flags = torch.zeros(rows, dtype=torch.bool) if compressed_rows is None else torch.as_tensor(compressed_rows)
         if sees.shape != (rows, rows) or flags.shape != (rows,):
@@ -189,7 +191,7 @@ class FlexLayoutStore(Cache):
         fwd = self._forward(rows)
         fwd.sees.copy_(sees)
         fwd.compressed_rows.copy_(flags)
-        self._base, self._rows = self.length, rows
+        self._base, self._rows, self._causal = self.length, rows, causal
         self.base_t.fill_(self.length)
         self.slot_pos[self.length:self.length + rows] = positions
         self._write_blocks(fwd, flags.tolist())
@@ -276,6 +278,12 @@ class FlexLayoutStore(Cache):
         if self.queries is not None:
             self.queries[layer] = query[0, :, -1]
             self._queried = True
+
+    def forward_parts(self):
+        """The forward in flight, as the "split" attention reads it: (base, rows, compressed, sees (R, R),
+        compressed_rows (R,), causal): rows see slots < base (< compressed when flagged) and each other by sees."""
+        fwd = self._forwards[self._rows]
+        return self._base, self._rows, self.compressed, fwd.sees, fwd.compressed_rows, self._causal
 
     def valid_slots(self) -> int:
         """Slots in use during the forward in flight: committed entries and its own rows."""

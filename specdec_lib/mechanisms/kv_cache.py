@@ -1,6 +1,7 @@
 """The one place that touches `DynamicCache` internals (the version-sensitive calls themselves are in `compat`).
 
-- `new_cache(model)`: an empty DynamicCache for a model.
+- `new_cache(model, capacity)`: an empty DynamicCache for a model; with a capacity its layers append in place
+  into preallocated buffers (the loop's target cache: no copy of the whole cache per forward).
 - `cache_length(cache)`: tokens the cache holds.
 - `rollback(cache, length)`: keep the first `length` tokens. transformers changed `DynamicCache.crop` at
   5.15 (before, `crop(n)` kept n tokens; from 5.15, `crop(-n)` removes n tokens): `compat.crop` spells it.
@@ -14,14 +15,63 @@ Simplifications: full-attention caches only (no sliding-window layers), batch si
 from __future__ import annotations
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from .. import compat
+from ..checks import check_int
 
 
-def new_cache(model):
+def new_cache(model, capacity: int | None = None):
+    """An empty DynamicCache for `model`; with `capacity`, its layers append in place into preallocated buffers
+    (`ContiguousLayer`): no copy of the whole cache per forward."""
     from transformers import DynamicCache
 
-    return DynamicCache(config=model.config)
+    cache = DynamicCache(config=model.config)
+    if capacity is not None:
+        check_int("capacity", capacity, 1)
+        if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
+            return cache  # sliding-window layers keep their own rolling buffers
+        cache.layers = [ContiguousLayer(capacity) for _ in cache.layers]
+    return cache
+
+
+class ContiguousLayer(DynamicLayer):
+    """A DynamicLayer that appends in place. DynamicLayer.update concatenates: every forward copies the layer's
+    whole cache (at 16k tokens the copies cost about as much as the attention of a one-row step on a CPU). This
+    one writes the new rows into a buffer of `capacity` slots (doubled when full) and keeps `keys`/`values` as
+    views of its first entries, so crop and `compact` (which slice and write those views) work unchanged."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity, self._buffers = capacity, None
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start, rows = (self.keys.shape[-2] if self.keys.dim() == 4 else 0), key_states.shape[-2]
+        if self._buffers is None or start + rows > self._buffers[0].shape[-2] or not self._holds_views():
+            self._reseat(key_states, start, rows)
+        keys, values = self._buffers  # (B, kv_heads, capacity, head_dim) each
+        keys[:, :, start:start + rows] = key_states
+        values[:, :, start:start + rows] = value_states
+        self.keys, self.values = keys[:, :, :start + rows], values[:, :, :start + rows]  # views, no copy
+        return self.keys, self.values
+
+    def _holds_views(self) -> bool:
+        """False when someone replaced keys/values by tensors of their own (a concatenation, a deepcopy)."""
+        return self.keys.dim() != 4 or (self.keys.data_ptr() == self._buffers[0].data_ptr()
+                                        and self.values.data_ptr() == self._buffers[1].data_ptr())
+
+    def _reseat(self, key_states, start: int, rows: int) -> None:
+        """New buffers (the first ones, larger ones, or after the views were replaced) holding the entries."""
+        size = max(self.capacity, start + rows, 2 * self._buffers[0].shape[-2] if self._buffers else 0)
+        batch, heads, _, dim = key_states.shape
+        buffers = tuple(torch.empty(batch, heads, size, dim, dtype=key_states.dtype, device=key_states.device)
+                        for _ in range(2))
+        if start:
+            buffers[0][:, :, :start] = self.keys
+            buffers[1][:, :, :start] = self.values
+        self._buffers = buffers
 
 
 def cache_length(cache) -> int:
@@ -88,7 +138,7 @@ class TrackedCache:
     """
 
     def __init__(self, model):
-        self.model, self.cache, self.tokens = model, new_cache(model), []
+        self.model, self.cache, self.tokens = model, new_cache(model, capacity=1024), []  # grows by doubling
         self.device = next(model.parameters()).device
 
     def feed(self, ids: list[int], keep: int = 1) -> torch.Tensor:

@@ -46,7 +46,7 @@ def _time_steps(model, rows, prefix: int, repeats: int, warmup: int, name: str |
     ids = ids.to(device)  # (1, P + Rmax)
     records = []
     with torch.inference_mode():
-        cache = new_cache(model)
+        cache = new_cache(model, capacity=prefix + rows[-1])  # the loop's kind of cache
         compat.forward(model, input_ids=ids[:, :prefix], cache=cache, use_cache=True)
         for r in rows:
             step = make_step(cache, ids, r)

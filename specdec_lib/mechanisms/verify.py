@@ -183,18 +183,21 @@ def build_forward(proposal: Proposal, pending: list[int], cached: int, backend: 
         compressed[root_row] = proposal.compressed_root
         if s and side.compressed:
             compressed[m + n:] = True
-        inputs["attention_mask"] = _store_mask(cache, mask_mod, rows, cached, compressed, positions)
+        inputs["attention_mask"] = _store_mask(cache, mask_mod, rows, cached, compressed, positions,
+                                               causal=not (n or s))
     else:
         inputs["attention_mask"] = masks.render(mask_mod, rows, cached + rows, backend, dtype, device)
     return inputs, 1 + n + s
 
 
-def _store_mask(store, mask_mod, rows: int, cached: int, compressed: torch.Tensor, positions):
+def _store_mask(store, mask_mod, rows: int, cached: int, compressed: torch.Tensor, positions, causal: bool = False):
     """The BlockMask of the store's layout for `mask_mod`: committed keys sit at slots < cached in any order, so
     only the forward's own rows (R x R) need evaluating; rows flagged in `compressed` (R,) see C(kv) only."""
     if not hasattr(store, "prepare"):
         raise ValueError(f"the target runs the store's attention ({ATTENTION_NAME!r}) but its cache is a "
                          f"{type(store).__name__}: give the loop a flex_layout.FlexLayoutStore")
+    if causal:  # a plain forward (a prompt's prefill): the store's causal default, which its attention knows
+        return store.prepare(positions, None, compressed)
     device = positions.device
     q_idx = torch.arange(rows, device=device)[:, None]  # (R, 1)
     kv_idx = torch.arange(cached, cached + rows, device=device)[None, :]  # (1, R)

@@ -24,7 +24,7 @@ package only, so the rest of `specdec_lib` imports without them.
 - `compare`: every method side by side (notebook 08): per-category radar, efficiency against the bound, why (no)
   speedup from the step records (`radar_figure`, `efficiency_figure`, `cost_per_token_figure`,
   `step_costs_figure`, `why_explorer`, `budget_figure`).
-- `bench`: benchmarks and ablations (`bench_figure`, `gamma_sweep_figure`, `table1_figure`, `heatmap_figure`,
+- `bench`: benchmarks and ablations (`bench_figure`, `context_figure`, `gamma_sweep_figure`, `table1_figure`, `heatmap_figure`,
   `sweep_figure`, `ablation_explorer`).
 
 The public functions are re-exported here: `from specdec_lib import viz; viz.tree_figure(...)`.
@@ -42,9 +42,10 @@ from .fumble import pool_explorer, pool_figure, streams_figure
 from .timeline import card_explorer, timeline_figure
 from .compare import (budget_figure, cost_per_token_figure, efficiency_figure, radar_figure, step_costs_figure,
                       why_explorer)
-from .bench import ablation_explorer, bench_figure, gamma_sweep_figure, heatmap_figure, sweep_figure, table1_figure
+from .bench import (ablation_explorer, bench_figure, context_figure, gamma_sweep_figure, heatmap_figure, sweep_figure,
+                    table1_figure)
 
-__all__ = ["CacheStep", "ablation_explorer", "acceptance_figure", "acceptance_html", "bench_figure",
+__all__ = ["CacheStep", "ablation_explorer", "acceptance_figure", "acceptance_html", "bench_figure", "context_figure",
            "block_map_figure", "card_explorer", "cache_steps", "cache_timeline_figure", "cost_curve_figure", "cost_figure",
            "budget_figure", "cost_per_token_figure", "efficiency_figure", "radar_figure", "step_costs_figure",
            "why_explorer",

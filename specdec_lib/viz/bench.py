@@ -115,6 +115,27 @@ def sweep_figure(table, param: str, title: str | None = None) -> go.Figure:
     return fig
 
 
+def context_figure(summary, title: str | None = None) -> go.Figure:
+    """Decode speedup over hf (left) and time to the first token over hf's (right) against the context length,
+    one line per method, from `bench.long_context.run`'s summary."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("decode speedup over hf", "time to first token / hf's"))
+    for method, rows in summary[summary.method != "hf"].groupby("method", sort=False):
+        rows = rows.sort_values("context")
+        xs = [f"{c // 1024}k" for c in rows.context]
+        fig.add_trace(go.Scatter(x=xs, y=list(rows.decode_speedup), mode="lines+markers", name=method,
+                                 legendgroup=method, hovertemplate=f"{method}, %{{x}}: %{{y:.2f}}x<extra></extra>"),
+                      row=1, col=1)
+        fig.add_trace(go.Scatter(x=xs, y=list(rows.prefill_vs_hf), mode="lines+markers", name=method,
+                                 legendgroup=method, showlegend=False,
+                                 hovertemplate=f"{method}, %{{x}}: %{{y:.2f}}x hf's<extra></extra>"), row=1, col=2)
+    for col in (1, 2):
+        fig.add_hline(y=1.0, line_dash="dot", line_color="grey", row=1, col=col)
+    fig.update_xaxes(title_text="prompt tokens", type="category")
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_layout(template="plotly_white", title=title or "Where each method wins: speed against context")
+    return fig
+
+
 def _bars(table, title: str) -> go.Figure:
     fig = go.Figure(go.Bar(x=list(table.variant), y=list(table.tokens_per_s),
                            text=[f"{s:.2f}x, MAT {m:.2f}" for s, m in zip(table.speedup, table.mat)],
