@@ -84,3 +84,23 @@ def test_the_harness_times_the_prefill_apart(long_pair):
     hf = table.set_index("method").loc["hf"]
     assert hf.decode_speedup == pytest.approx(1.0) and hf.prefill_vs_hf == pytest.approx(1.0)
     assert (table.decode_tokens_per_s > 0).all()
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_long_context_run_and_its_figure(long_pair):
+    from specdec_lib import viz
+    from specdec_lib.bench import long_context
+
+    summary, runs = long_context.run(long_pair, [1024, 2048], ["hf", "cacheback", "fafo"], prompts=1,
+                                     max_new_tokens=8)
+    assert sorted(set(summary.context)) == [1024, 2048] and len(runs) == 2 * 3
+    assert summary.all_match_hf.dropna().astype(bool).all()
+    table = long_context.wide(summary)
+    assert list(table.columns) == ["cacheback", "fafo"] and list(table.index) == [1024, 2048]
+    fig = viz.context_figure(summary)
+    lines = {trace.name: trace for trace in fig.data if trace.showlegend is not False}
+    assert set(lines) == {"cacheback", "fafo"} and list(lines["fafo"].x) == ["1k", "2k"]
+    fafo = summary[summary.method == "fafo"].sort_values("context")
+    assert list(lines["fafo"].y) == pytest.approx(list(fafo.decode_speedup))
+    with pytest.raises(ValueError, match="no prompt of 3000 tokens"):
+        long_context.run(long_pair, [3000], ["hf"], prompts=1, max_new_tokens=4)

@@ -98,6 +98,40 @@ def test_rollback_equals_recompute():
         rollback(cache, 16)
 
 
+def test_contiguous_cache_appends_in_place_and_equals_a_dynamic_cache():
+    """The loop's target cache (kv_cache.ContiguousLayer): the same logits as a concatenating DynamicCache through
+    appends, a buffer that doubles, a rollback, a compaction and a deepcopy; and no copy of its prefix per forward."""
+    import copy
+
+    from specdec_lib.mechanisms.kv_cache import compact
+
+    model = random_lm("llama", seed=5)
+    ids = torch.randint(0, 97, (1, 40), generator=torch.Generator().manual_seed(1))
+    plain, contiguous = new_cache(model), new_cache(model, capacity=8)
+    with torch.no_grad():
+        def both(chunk):
+            a = compat.forward(model, input_ids=chunk, cache=plain, use_cache=True).logits
+            b = compat.forward(model, input_ids=chunk, cache=contiguous, use_cache=True).logits
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+        both(ids[:, :6])
+        buffer = contiguous.layers[0]._buffers[0]
+        both(ids[:, 6:8])  # fills the 8 slots: the same buffer, the prefix not copied
+        assert contiguous.layers[0]._buffers[0] is buffer and contiguous.layers[0].keys.data_ptr() == buffer.data_ptr()
+        both(ids[:, 8:20])  # past capacity: a buffer of 20 (2 x 8 < 20), then 40 on the next growth
+        assert contiguous.layers[0]._buffers[0].shape[2] == 20
+        for cache in (plain, contiguous):
+            rollback(cache, 15)
+            compact(cache, 10, [0, 2, 4])  # keep 10 + the entries at 10, 12, 14
+        assert cache_length(contiguous) == 13
+        both(ids[:, 20:23])
+        snapshot = copy.deepcopy(contiguous)
+        both(ids[:, 23:30])  # the snapshot stays as it was
+        assert cache_length(snapshot) == 16 and cache_length(contiguous) == 23
+        assert contiguous.layers[0]._buffers[0].shape[2] == 40
+    with pytest.raises(ValueError, match="capacity"):
+        new_cache(model, capacity=0)
+
+
 def test_auto_takes_the_tiny_pair_on_a_cpu_and_says_so(capsys):
     pair = load_models("auto", device="cpu")
     assert pair.name == "tiny" and pair.device.type == "cpu"
