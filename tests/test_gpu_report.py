@@ -45,7 +45,7 @@ def test_dry_choices_layout_and_hub_shapes(dry_report):
     folder = out / "cpu-dry"
     choices = pd.read_csv(folder / "choices.csv").set_index("setting")
     assert choices.loc["dtype auto", "value"] == "float32" and choices.loc["dtype used here", "value"] == "bfloat16"
-    assert choices.loc["FAFO attention auto", "value"] == "dense"
+    assert choices.loc["FAFO attention auto", "value"] == "split"
     layout = pd.read_csv(folder / "flex_layout.csv")
     assert {"(a) layout", "(c) full"} <= set(layout.case) and (layout.dtype == "bfloat16").all()
     curves = pd.read_csv(folder / "hub_shapes.csv")
