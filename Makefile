@@ -39,7 +39,7 @@ workbook: $(STAMP)
 	$(BIN)/python -m specdec_lib.tools.run_notebooks --out figures
 
 # Every notebook with FULL = True: the long sweeps measured again, their tables saved in data/results/notebooks
-# (about 40 min here; `make workbook` shows those tables without rerunning them).
+# (about half an hour here; `make workbook` shows those tables without rerunning them).
 workbook-full: $(STAMP)
 	$(BIN)/python -m specdec_lib.tools.run_notebooks --out figures --full
 
