@@ -92,7 +92,8 @@ lock:
 # (test-oldest). Not part of `make test` (each builds an environment: about 10 minutes); run both before changing
 # the lock or the supported range, and whenever a new transformers release comes out.
 OLDEST_TRANSFORMERS ?= 5.15.0
-DRIFT_TESTS ?= tests/test_compat.py tests/test_contract.py tests/test_generate_contract.py
+DRIFT_TESTS ?= tests/test_compat.py tests/test_contract.py tests/test_generate_contract.py tests/test_long_context.py \
+	tests/test_models_and_cache.py
 DRIFT_NOTEBOOK ?= 03_dynamiccache_rollback.ipynb
 define drift_check
 	rm -rf $(1) && $(PYTHON) -m venv $(1)
