@@ -72,8 +72,8 @@ class Proposer:
 
     def target_cache(self, state: LoopState):
         """The target's KV cache for this generation, made once after `start` (the loop owns it from then on):
-        a DynamicCache appending in place (kv_cache.ContiguousLayer), or a cache with its own layout (FAFO: a flex_layout.FlexLayoutStore, whose compressed
-        KV its side rows read)."""
+        a DynamicCache appending in place (kv_cache.ContiguousLayer), or a cache with its own layout (FAFO: a
+        flex_layout.FlexLayoutStore, whose compressed KV its side rows read)."""
         req = state.request  # room for every token and a step's rows (a larger step grows it)
         return kv_cache.new_cache(req.target, capacity=req.prompt_length + req.max_new_tokens + 64)
 

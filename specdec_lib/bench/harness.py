@@ -19,9 +19,9 @@ Protocol (the one of Spec-Bench, Xia et al. 2024, at batch size 1):
   run. MAT is total new tokens / total target forwards. The two phases apart: `prefill_ms` (time to the first
   token: the call to the end of the first target forward, the prompt's, mean over prompts) and
   `decode_tokens_per_s` (the tokens after that forward's over the time after it, per-prompt medians summed),
-  each against hf's (`prefill_vs_hf`, `decode_speedup`): at long context the prefill dominates short runs. Methods that report them add `hit_rate` (card's
-  cache hits) and `overlap` (card's concurrent modes: the fraction of wall time drafter and target both
-  computed, bench/timeline.py), averaged over runs.
+  each against hf's (`prefill_vs_hf`, `decode_speedup`): at long context the prefill dominates short runs.
+  Methods that report them add `hit_rate` (card's cache hits) and `overlap` (card's concurrent modes: the
+  fraction of wall time drafter and target both computed, bench/timeline.py), averaged over runs.
 
 Suites: "code" and "editing" are the project's own (data/prompts/, written by `specdec_lib.tools.make_prompts`);
 "humaneval" is OpenAI's HumanEval (164 function signatures with docstrings: complete the body), read offline from
@@ -240,10 +240,10 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
     hf = table.loc[table.method == "hf", "tokens_per_s"]
     table.insert(3, "speedup", table.tokens_per_s / hf.iloc[0] if len(hf) else math.nan)
     if timed:  # the two phases against hf's: decode speedup, and prefill time as a multiple of hf's
-        first = table.method == "hf"
-        table["decode_speedup"] = table.decode_tokens_per_s / table.loc[first, "decode_tokens_per_s"].iloc[0] \
-            if first.any() else math.nan
-        table["prefill_vs_hf"] = table.prefill_ms / table.loc[first, "prefill_ms"].iloc[0] if first.any() else math.nan
+        hf_row = table[table.method == "hf"]
+        table["decode_speedup"] = (table.decode_tokens_per_s / hf_row.decode_tokens_per_s.iloc[0] if len(hf_row)
+                                   else math.nan)
+        table["prefill_vs_hf"] = table.prefill_ms / hf_row.prefill_ms.iloc[0] if len(hf_row) else math.nan
     table["_first"] = table.method != "hf"
     return table.sort_values("_first", kind="stable").drop(columns="_first").reset_index(drop=True)
 

@@ -132,7 +132,8 @@ class CardTree(TreeShape):
         self.device = next(draft.parameters()).device
         self.backend = getattr(draft.config, "_attn_implementation", None) or "sdpa"
         self.dtype = next(draft.parameters()).dtype
-        self.cache, self.ctx = kv_cache.new_cache(draft, capacity=1024), []  # ctx: the committed tokens the cache holds
+        self.cache = kv_cache.new_cache(draft, capacity=kv_cache.GROWING)
+        self.ctx = []  # the committed tokens the cache holds
         self.layers = 0  # draft forwards in total
         self.root_logits = None  # the draft's logits after the root, once the root is fed
         self._clear(committed)

@@ -21,6 +21,9 @@ from .. import compat
 from ..checks import check_int
 
 
+GROWING = 1024  # first capacity of a cache whose final length is not known up front (a draft's): it doubles
+
+
 def new_cache(model, capacity: int | None = None):
     """An empty DynamicCache for `model`; with `capacity`, its layers append in place into preallocated buffers
     (`ContiguousLayer`): no copy of the whole cache per forward."""
@@ -138,7 +141,7 @@ class TrackedCache:
     """
 
     def __init__(self, model):
-        self.model, self.cache, self.tokens = model, new_cache(model, capacity=1024), []  # grows by doubling
+        self.model, self.cache, self.tokens = model, new_cache(model, capacity=GROWING), []
         self.device = next(model.parameters()).device
 
     def feed(self, ids: list[int], keep: int = 1) -> torch.Tensor:

@@ -227,8 +227,7 @@ def forward_proposal(target, cache, proposal: Proposal, pending: list[int], lazy
     if ((side is not None and side.compressed) or proposal.compressed_root) and spec.backend != ATTENTION_NAME:
         raise ValueError("compressed rows read C(kv) from a flex_layout.FlexLayoutStore: the target must be "
                          "attached to one (the proposer's target_cache)")
-    masked = len(proposal.tree) or (side is not None and len(side)) or spec.backend == ATTENTION_NAME
-    if len(pending) > 1 and masked:
+    if len(pending) > 1 and (len(proposal.tree) or (side is not None and len(side))):  # a masked forward
         prefill(target, cache, pending[:-1], spec)
         pending = pending[-1:]
     inputs, keep = build_forward(proposal, pending, kv_cache.cache_length(cache), spec.backend, spec.dtype,

@@ -111,7 +111,7 @@ class PromptLookup(Proposer):
         count = self.num_tokens if self.chooser is None else self.chooser.choose(max_depth)
         count = min(count, max_depth)
         drafts = continuation(committed, start, count, self.eos) if n else []
-        info = dict(ngram=n, draft_size=count) if n else dict(ngram=n)  # no match: no draft, no max_depth used
+        info = dict(ngram=n, draft_size=count) if n else dict(ngram=n)  # no match: no draft, no draft size
         return Proposal(DraftTree.chain(committed[-1], drafts), info=info)
 
     def observe(self, state: LoopState, verdict) -> None:

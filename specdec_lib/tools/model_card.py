@@ -50,28 +50,31 @@ def loss_by_position(model, ids: torch.Tensor, edges=LOSS_EDGES) -> list[float]:
     return [float(losses[a:b].mean()) for a, b in zip(edges[:-1], edges[1:])]
 
 
-def long_context_lines(models_dir: Path) -> list[str]:
-    """The card's section on the long pair: held-out loss by position, the shipped rope against YaRN."""
+def long_context_lines(models_dir: Path, short) -> list[str]:
+    """The card's section on the long pair: held-out loss by position, the shipped rope (`short`, the pair
+    build_card loaded) against YaRN."""
     from ..models import TINY_LONG_CONTEXT
 
-    short = load_models((models_dir / "target", models_dir / "draft"), device="cpu", dtype=torch.float32)
     long = load_models((models_dir / "target", models_dir / "draft"), device="cpu", dtype=torch.float32,
                        context=TINY_LONG_CONTEXT)
     ids = heldout_stream(short.tokenizer, LOSS_EDGES[-1])
+    ropes = (("shipped rope (1024 positions)", short), (f"YaRN, factor {TINY_LONG_CONTEXT // 1024}", long))
     rows = {name: {role: loss_by_position(getattr(pair, role), ids) for role in ("target", "draft")}
-            for name, pair in (("shipped rope (1024 positions)", short), (f"YaRN, factor {TINY_LONG_CONTEXT // 1024}", long))}
-    head = " | ".join(f"{a // 1024}k-{b // 1024}k" if a else f"0-{b // 1024}k" for a, b in zip(LOSS_EDGES[:-1], LOSS_EDGES[1:]))
+            for name, pair in ropes}
+    head = " | ".join(f"{a // 1024}k-{b // 1024}k" if a else f"0-{b // 1024}k"
+                      for a, b in zip(LOSS_EDGES[:-1], LOSS_EDGES[1:]))
     lines = ["## The long pair (`load_models(\"tiny-long\")`)", "",
-             f"The same weights read at {TINY_LONG_CONTEXT} positions through YaRN rope scaling (`compat.yarn_config`: "
-             "config only, no training). Held-out loss (nats/token) by position, one causal forward over the "
-             f"longest long_code prompt ({ids.shape[1]:,} tokens of held-out files, concatenated):", "",
+             f"The same weights read at {TINY_LONG_CONTEXT} positions through YaRN rope scaling "
+             "(`compat.yarn_config`: config only, no training). Held-out loss (nats/token) by position, one causal "
+             f"forward over the longest long_code prompt ({ids.shape[1]:,} held-out tokens, files concatenated):",
+             "",
              f"| model | rope | {head} |", "|---|---|" + "---|" * (len(LOSS_EDGES) - 1)]
     for name, by_role in rows.items():
         for role, losses in by_role.items():
             lines.append(f"| {role} | {name} | " + " | ".join(f"{x:.2f}" for x in losses) + " |")
-    lines += ["", "Past the trained 1024 positions the shipped rope's loss climbs; with YaRN it stays far lower all the way "
-              "(at a small cost inside the first 1024 positions), so the same models read long prompts: what the "
-              "long-context benchmark (`python -m specdec_lib.bench.long_context`, notebook 06) needs.", ""]
+    lines += ["", "Past the trained 1024 positions the shipped rope's loss climbs; with YaRN it stays far lower all "
+              "the way (at a small cost inside the first 1024 positions), so the same models read long prompts: "
+              "what the long-context benchmark (`python -m specdec_lib.bench.long_context`, notebook 06) needs.", ""]
     return lines
 
 
@@ -134,7 +137,7 @@ def build_card(models_dir: Path = TINY_DIR, threads: int | None = None) -> str:
     for prompt, text in samples:
         lines += ["", "```python", prompt + text, "```"]
     lines += ["", "Small models repeat themselves after a few dozen tokens; that is expected at this size.", ""]
-    lines += long_context_lines(models_dir)
+    lines += long_context_lines(models_dir, pair)
     return "\n".join(lines)
 
 
