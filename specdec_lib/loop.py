@@ -48,7 +48,8 @@ __all__ = ["LoopState", "Proposal", "Proposer", "SideRows", "Verdict", "decode",
 # the proposal's `info`: "draft_size" (the draft budget the step ran with: cacheback's TDL, lookahead's guesses,
 # fafo's find-out candidates, prompt lookup's num_tokens, draft_model's gamma, card's query cap) and extras of
 # the method's own. GenerationResult.stats holds STATS_KEYS ("config": the proposer's settings) and the
-# proposer's own counters; with an "auto" budget, "curve" (the cost curve it chose from).
+# proposer's own counters; with an "auto" budget, "curve" (the cost curve it chose from last: the one at the last
+# context) and "costs" (every curve it read, by cached-prefix length).
 STEP_KEYS = ("tree_size", "depth", "accepted", "emitted", "full", "draft_us", "verify_ms", "update_us")
 STATS_KEYS = ("steps", "drafted", "accepted", "acceptance_rate", "draft_us_median", "config")
 

@@ -52,7 +52,7 @@ def test_measure_caches_on_disk_keyed_by_model_and_dtype(tmp_path, monkeypatch):
     data["ms"] = [1.0, 2.0, 3.0]
     files[0].write_text(json.dumps(data))
     monkeypatch.setattr(B, "_MEMO", {})
-    assert B.CostCurve.measure(model).ms.tolist() == [1.0, 2.0, 3.0]
+    assert B.CostCurve.measure(model, rows=(1, 4, 16)).ms.tolist() == [1.0, 2.0, 3.0]
     # another dtype or another model is another curve
     B.CostCurve.measure(model.to(torch.float32), rows=(1, 4), repeats=1)
     B.CostCurve.measure(random_lm(seed=4, layers=3, context=256), rows=(1, 4), repeats=1)
@@ -159,6 +159,58 @@ def test_cost_curve_is_monotone():
     assert [curve(r) for r in (1, 2, 4, 8)] == pytest.approx([6.1, 6.2, 6.2, 6.4])
 
 
+# ---------------------------------------------------------------- the cost at a context
+
+def test_context_costs_interpolate_in_the_prefix_and_never_fall():
+    short = B.CostCurve.from_points({1: 5.0, 9: 6.0})
+    long = B.CostCurve.from_points({1: 9.0, 9: 18.0})
+    costs = B.ContextCosts({256: short, 1280: long})
+    assert costs.at(0) is short and costs.at(256) is short
+    assert costs(1, 768) == pytest.approx(7.0) and costs(9, 768) == pytest.approx(12.0)  # halfway
+    assert costs(9, 2304) == pytest.approx(30.0)  # beyond the last prefix: its slope goes on (12 ms per 1024)
+    assert costs.at(800) is costs.at(800 + B.CONTEXT_STEP - 800 % B.CONTEXT_STEP - 1)  # memoised per step
+    noisy = B.ContextCosts({256: long, 1280: short})  # a longer prefix measured cheaper: noise, not a saving
+    assert noisy(9, 5000) == long(9)
+    assert B.CostCurve.from_points({1: 5.0}).at(10**6)(1) == 5.0  # one curve serves every context
+
+
+def test_context_costs_measure_each_prefix_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(B, "_MEMO", {})
+    model = random_lm(seed=3, context=512)
+    costs = B.ContextCosts.measure(model, upto=300, prefixes=(64, 256, 400), rows=(1, 4), repeats=1)
+    assert costs.prefixes == [64, 256]  # up to the context the generation reaches
+    assert len(list((tmp_path / "costs").glob("curve_*.json"))) == 2
+    costs = B.ContextCosts.measure(model, upto=10**4, prefixes=(64, 256, 400, 1024), rows=(1, 4), repeats=1)
+    assert costs.prefixes == [64, 256, 400, 508]  # 1024 clipped to the model's context: 512 - 4 rows
+    assert len(list((tmp_path / "costs").glob("curve_*.json"))) == 4  # 64 and 256 read back, not measured
+
+
+def test_budgets_shrink_as_the_context_grows():
+    costs = B.ContextCosts({256: FLAT, 16384: STEEP})  # rows nearly free at 256 tokens, a forward each at 16k
+    chain = B.ChainBudget(costs, max_len=16, explore=0.0)
+    tree = B.TreeBudget(costs, [4, 16, 64], probe_every=1000, decide_every=1)
+    for _ in range(20):
+        chain.record(16, 14)
+        tree.record({16: (3, 17), 4: (2, 5), 64: (4, 65)}, verified=16)
+    assert chain.choose(context=256) == 16 and chain.choose(context=16384) == 1
+    assert tree.choose(context=256)[0] == 64 and tree.choose(context=16384)[0] == 4
+    assert B.TreeBudget(costs, [4, 16, 64], context=16384).choose()[0] == 4  # the first guess reads it too
+
+
+def test_cheap_rows_are_priced_at_their_own_context():
+    """FAFO's fumble rows read C(kv) only: a step of r full rows + 60 cheap ones costs t_ctx(r) + what the 60
+    add at the compressed length."""
+    costs = B.ContextCosts({128: B.CostCurve.from_points({1: 5.0, 61: 8.0, 128: 11.35}),
+                            16384: B.CostCurve.from_points({1: 20.0, 128: 147.0})})
+    chooser = B.TreeBudget(costs, [0, 1, 4], context=16384, cheap_rows=60, cheap_context=128)
+    assert chooser.step_ms(1) == pytest.approx(20.0 + 8.0 - 5.0)
+    assert chooser.step_ms(5) == pytest.approx(24.0 + (8.0 + 0.05 * 4) - (5.0 + 0.05 * 4))
+    # the first guess, the largest nearly free (<= 1.15 x a root-only step, 23 ms): one candidate (24 ms), not four
+    assert chooser.choose()[0] == 1  # (27 ms); priced all at 16k, the 60 rows alone would cost 60 ms more
+    assert B.TreeBudget(costs, [0, 1, 4], context=16384).step_ms(61) == pytest.approx(80.0)
+
+
 # ---------------------------------------------------------------- the methods
 
 def test_bad_settings():
@@ -231,6 +283,19 @@ def test_draft_model_auto_sampling_is_seeded():
     runs = [generate("draft_model", target, ids, 24, draft=draft, temperature=0.8, seed=11,
                      **_auto("draft_model", FLAT)) for _ in range(2)]
     assert runs[0].new_tokens == runs[1].new_tokens and len(runs[0].new_tokens) == 24
+
+
+@pytest.mark.parametrize("method", ["cacheback", "prompt_lookup", "fafo"])
+def test_auto_budgets_follow_the_context_and_stay_lossless(method):
+    """Rows free up to 64 tokens of context and a whole forward each from 96 on: the budgets late in the
+    generation are smaller than early ones, and the tokens are still the target's own."""
+    target = random_lm(seed=5, logit_scale=20.0)
+    ids = repeating_prompt(30, 5, target.config.vocab_size)
+    reference = generate("hf", target, ids, 96).new_tokens
+    result = generate(method, target, ids, 96, **_auto(method, B.ContextCosts({64: FLAT, 96: STEEP})))
+    assert result.new_tokens == reference
+    sizes = _budgets(result, method)
+    assert max(sizes[:3]) > max(sizes[-3:]), sizes
 
 
 def test_budget_figure_draws_the_chosen_budgets():

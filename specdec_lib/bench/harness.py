@@ -46,6 +46,7 @@ import pandas as pd
 import torch
 
 from ..decoding import METHODS, context_length, generate
+from ..mechanisms.budget import prepare_costs
 from ..models import PROMPTS_DIR, cpu_model_name
 
 SUITES = ("code", "editing")
@@ -167,6 +168,9 @@ def run_bench(pair, suite, methods, max_new_tokens: int = 128, repeats: int = 3,
             kwargs = dict(kwargs, tokenizer=pair.tokenizer)
         return generate(method, pair.target, ids, max_new_tokens, draft=pair.draft, eos_token_id=None, **kwargs)
 
+    if any(not variants[m][0].startswith(("hf", "autoregressive")) for m in methods):  # "auto" budgets' curves:
+        longest = max(ids.shape[1] for ids in encoded) + max_new_tokens  # read or measured now, outside timings
+        prepare_costs(pair.target, longest)
     for _ in range(warmup):
         for method in methods:
             run(method, encoded[0])

@@ -28,10 +28,18 @@ Two estimators of E[tokens | b]:
   as a lower bound when a larger tree holds the whole path; every `probe_every` steps the next larger candidate
   is verified instead (a deterministic probe, no coin).
 
-Simplifications: t is measured once at one prefix length (256 tokens; cost grows slowly with the prefix on
-small models) and cached on disk per device + model + dtype (`cost_cache_dir`); the draft time of the
-n-gram drafters is taken as zero (tens of microseconds against milliseconds of forward); a draft model's is
-gamma x its own one-row forward; acceptance is modelled per depth only (not per context).
+The price of a row grows with the context: every full-context row reads the whole KV cache, so at 16k tokens a
+step of 8 rows costs far more over a one-row step than at 256. `ContextCosts` holds t(rows) measured at several
+cached-prefix lengths (PREFIXES, those the generation reaches) and gives the curve at the current context,
+linear in the prefix between and beyond them (attention is linear in the keys it reads); the choosers read it
+at `len(committed)` every step, so budgets shrink as the context grows. Rows that read a compressed KV only
+(FAFO's fumble rows: `cheap_rows`) are priced on the curve at the compressed length instead.
+
+Simplifications: t is measured at a few prefixes (256, 1k, 4k, 8k, 16k, ...) on the loop's plain cache (FAFO's store
+reads through its own attention: priced the same), each cached on disk per device + model + dtype + prefix
+(`cost_cache_dir`); the draft time of the n-gram drafters is taken as zero (tens of microseconds against
+milliseconds of forward); a draft model's is gamma x its own one-row forward (at the first prefix); acceptance
+is modelled per depth only (not per context).
 """
 from __future__ import annotations
 
@@ -49,6 +57,8 @@ from ..checks import check_int
 AUTO = "auto"
 CURVE_KIND = "loop verify + commit"  # in the cache key: curves timed another way (plain forwards) are re-measured
 MEASURE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+PREFIXES = (256, 1024, 4096, 8192, 16384, 32768, 65536)  # cached-prefix lengths ContextCosts measures (up to the context reached)
+CONTEXT_STEP = 64  # ContextCosts.at memoises one curve per this many tokens of context (at the bucket's top)
 _MEMO: dict[str, "CostCurve"] = {}  # curves measured or read in this process, by cache key
 
 
@@ -126,9 +136,13 @@ class CostCurve:
     @classmethod
     def measure(cls, model, rows: Sequence[int] = MEASURE_ROWS, prefix: int = 256, repeats: int = 7,
                 cache: bool = True) -> "CostCurve":
-        """The curve of `model` here (step_cost.verify_cost: the loop's own verify + commit), read from the
-        on-disk cache when this device + model + dtype was measured before (cache=False: measure anew)."""
-        key = model_key(model)
+        """The curve of `model` here (step_cost.verify_cost: the loop's own verify + commit, after `prefix`
+        cached tokens, clipped to the model's context), read from the on-disk cache when this device + model +
+        dtype + prefix was measured before (cache=False: measure anew)."""
+        limit = getattr(model.config, "max_position_embeddings", None) or prefix + max(rows)
+        rows = [r for r in rows if r <= limit - 1] or [1]
+        prefix = max(1, min(prefix, limit - max(rows)))
+        key = dict(model_key(model), prefix=prefix)
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
         path = cost_cache_dir() / f"curve_{digest}.json"
         if cache and digest in _MEMO and _MEMO[digest].key == key:
@@ -140,9 +154,6 @@ class CostCurve:
                 curve.path = path
                 return curve
         from .step_cost import verify_cost  # imported here: step_cost imports verify, which is heavier
-        limit = getattr(model.config, "max_position_embeddings", None) or prefix + max(rows)
-        rows = [r for r in rows if r <= limit - 1] or [1]
-        prefix = max(1, min(prefix, limit - max(rows)))
         table = verify_cost(model, rows, prefix=prefix, repeats=repeats, warmup=2)
         curve = _MEMO[digest] = cls(table["rows"].tolist(), table["median_ms"].tolist(), key)  # made monotone
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -150,24 +161,95 @@ class CostCurve:
         tmp.write_text(json.dumps(dict(key=key, prefix=prefix, rows=curve.rows.tolist(), ms=curve.ms.tolist())))
         tmp.replace(path)  # atomic: a concurrent reader sees the whole file or none
         curve.path = path
+        curve.prefix = prefix
         return curve
 
+    def at(self, context: float) -> "CostCurve":
+        """The curve at a context length: one curve (an injected one) serves every context."""
+        return self
 
-def resolve_curve(costs, model) -> CostCurve:
-    """A method's `costs=` option: None (measure `model` here, cached), a CostCurve, or {rows: ms}."""
+
+class ContextCosts:
+    """t(rows, context): CostCurves measured after several cached-prefix lengths; `at(context)` is the curve at
+    a context, linear in the prefix between two measured ones and beyond the last (with the last two's slope,
+    never falling: a longer context never makes a row cheaper), the first one below it."""
+
+    def __init__(self, curves: dict):
+        if not curves:
+            raise ValueError("need a curve at one prefix at least")
+        self.prefixes = sorted(int(p) for p in curves)
+        self.curves = [curves[p] for p in self.prefixes]
+        self._memo: dict[int, CostCurve] = {}
+
+    @classmethod
+    def measure(cls, model, upto: int = 0, prefixes: Sequence[int] = PREFIXES, **kwargs) -> "ContextCosts":
+        """The curves of `model` after each of `prefixes` up to `upto` (the longest context the generation
+        reaches; the first prefix always; beyond the last, `at` extrapolates), each CostCurve.measure (cached on
+        disk)."""
+        prefixes = sorted(prefixes)
+        wanted = [p for i, p in enumerate(prefixes) if i == 0 or p <= upto]
+        curves = {}
+        for p in wanted:
+            curve = CostCurve.measure(model, prefix=p, **kwargs)
+            curves.setdefault(curve.prefix, curve)  # prefixes clipped to the model's context are one curve
+        return cls(curves)
+
+    def at(self, context: float) -> CostCurve:
+        bucket = -(-int(context) // CONTEXT_STEP)  # rounded up: a step is never priced below its context
+        curve = self._memo.get(bucket)
+        if curve is None:
+            curve = self._memo[bucket] = self._interpolate(bucket * CONTEXT_STEP)
+        return curve
+
+    def _interpolate(self, context: int) -> CostCurve:
+        p = self.prefixes
+        if len(p) == 1 or context <= p[0]:
+            return self.curves[0]
+        i = min(bisect.bisect_right(p, context), len(p) - 1) - 1  # p[i] <= context < p[i + 1], or the last two
+        low, high = self.curves[i], self.curves[i + 1]
+        w = (context - p[i]) / (p[i + 1] - p[i])  # > 1 beyond the last prefix
+        rows = sorted(set(low._rows) | set(high._rows))
+        ms = [low(r) + w * max(0.0, high(r) - low(r)) for r in rows]
+        return CostCurve(rows, ms)
+
+    def __call__(self, rows: float, context: float = 0) -> float:
+        return self.at(context)(rows)
+
+    def __repr__(self) -> str:
+        return "ContextCosts(" + "; ".join(f"{p} cached: {c!r}" for p, c in zip(self.prefixes, self.curves)) + ")"
+
+
+def resolve_curve(costs, model, upto: int = 0):
+    """A method's `costs=` option: None (measure `model` here after each prefix up to the `upto` tokens the
+    generation reaches: a ContextCosts, cached), a CostCurve or a ContextCosts, or {rows: ms}."""
     if costs is None:
-        return CostCurve.measure(model)
-    if isinstance(costs, CostCurve):
+        return ContextCosts.measure(model, upto)
+    if isinstance(costs, (CostCurve, ContextCosts)):
         return costs
     if isinstance(costs, dict):
         return CostCurve.from_points(costs)
-    raise TypeError(f"costs must be None (measure here), a CostCurve or {{rows: ms}}, got {type(costs).__name__}")
+    raise TypeError(f"costs must be None (measure here), a CostCurve, a ContextCosts or {{rows: ms}}, got "
+                    f"{type(costs).__name__}")
+
+
+def reach(request) -> int:
+    """The longest context a request's generation reaches: its prompt and every new token."""
+    return request.prompt_length + request.max_new_tokens
+
+
+def prepare_costs(model, upto: int) -> None:
+    """Measure (or read) the curves a generation of up to `upto` tokens of context will choose from, before
+    anything is timed (a benchmark calls this, so no generation's time holds a measurement)."""
+    ContextCosts.measure(model, upto)
 
 
 def chooser_stats(chooser) -> dict:
-    """What a method with an 'auto' budget adds to its stats: the cost curve it chose from (nothing if fixed).
+    """What a method with an 'auto' budget adds to its stats (nothing if fixed): the cost curve it chose from
+    last ("curve", at the generation's last context) and every curve it read ("costs": a ContextCosts' prefixes).
     The budget chosen each step is in the step records, under "draft_size"."""
-    return {} if chooser is None else dict(curve=repr(chooser.curve))
+    if chooser is None:
+        return {}
+    return dict(curve=repr(chooser.curve), costs=repr(chooser.costs))
 
 
 def check_costs(option: str, value, **curves) -> None:
@@ -190,9 +272,10 @@ def check_budget(name: str, value, minimum: int = 1):
 class ChainBudget:
     """Chain length g from per-depth acceptance (see the module doc). draft_ms(g): the drafting time of g."""
 
-    def __init__(self, curve: CostCurve, max_len: int = 16, draft_ms: Callable[[int], float] | None = None,
+    def __init__(self, curve, max_len: int = 16, draft_ms: Callable[[int], float] | None = None,
                  prior: float = 0.5, strength: float = 2.0, explore: float = 0.25):
-        self.curve, self.max_len = curve, check_int("max_len", max_len, 1)
+        self.costs, self.max_len = curve, check_int("max_len", max_len, 1)  # a CostCurve or a ContextCosts
+        self.curve = curve.at(0)
         self.draft_ms = draft_ms or (lambda g: 0.0)
         self.prior, self.strength, self.explore = prior, strength, explore
         self.reached = np.zeros(max_len + 1)  # index d: steps whose chain had a node at depth d reaching it
@@ -212,8 +295,11 @@ class ChainBudget:
         """E[tokens | g] for g = 0..max_len (index g)."""
         return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(self.rates(optimistic)))])
 
-    def choose(self, limit: int | None = None) -> int:
-        """argmax_g E[tokens | g] / (draft_ms(g) + t(g + 1)), g in 1..min(max_len, limit); ties: the smallest."""
+    def choose(self, limit: int | None = None, context: int | None = None) -> int:
+        """argmax_g E[tokens | g] / (draft_ms(g) + t(g + 1)), g in 1..min(max_len, limit), t at `context`
+        tokens (None: where it was last); ties: the smallest."""
+        if context is not None:
+            self.curve = self.costs.at(context)
         top = self.max_len if limit is None else max(1, min(self.max_len, limit))
         tokens = self.expected_tokens(optimistic=True)
         speed = [tokens[g] / (self.draft_ms(g) + self.curve(g + 1)) for g in range(1, top + 1)]
@@ -241,12 +327,21 @@ class TreeBudget:
     verified tree's yields on those same steps) x the verified yield's running mean, shrunk by one pseudo-step
     toward the ratio 1. The verified candidate is the best estimated speed, kept unless another beats it by
     `margin` (hysteresis: switching on noise costs more than it gains). Before any data: the largest candidate
-    whose step costs at most `free` more than a one-row step (on a GPU often the largest; on a CPU a small one)."""
+    whose step costs at most `free` more than a one-row step (on a GPU often the largest; on a CPU a small one).
 
-    def __init__(self, curve: CostCurve, candidates: Sequence[int], probe_every: int = 16, window: int = 1,
+    `curve` is a CostCurve or a ContextCosts read at `context` (the prompt's length at first, then what `choose`
+    is given); `cheap_rows` rows every step pays that read only `cheap_context` cached tokens (FAFO's fumble rows
+    on C(kv)) are priced on the curve there: what they add to a step of r full rows is
+    t_cheap(r + cheap_rows) - t_cheap(r)."""
+
+    def __init__(self, curve, candidates: Sequence[int], probe_every: int = 16, window: int = 1,
                  above: int = 1, decay: float = 0.97, free: float = 0.15, margin: float = 0.03,
-                 decide_every: int = 2, draft_ms: Callable[[int], float] | None = None):
-        self.curve, self.candidates = curve, sorted(set(int(c) for c in candidates))
+                 decide_every: int = 2, draft_ms: Callable[[int], float] | None = None, context: int = 0,
+                 cheap_rows: int = 0, cheap_context: int = 0):
+        self.costs, self.candidates = curve, sorted(set(int(c) for c in candidates))
+        self.curve = curve.at(context)
+        self.cheap_rows = check_int("cheap_rows", cheap_rows, 0)
+        self.cheap = curve.at(cheap_context) if cheap_rows else None
         if not self.candidates:
             raise ValueError("no candidate budgets")
         self.probe_every, self.window, self.above = check_int("probe_every", probe_every, 1), window, above
@@ -260,8 +355,8 @@ class TreeBudget:
         self.extra_sum = self.extra_weight = 0.0  # tokens a larger tree yields past a censored bound (record)
         self.default_rows = [b + 1.0 for b in self.candidates]  # root + the tree, before any data
         self.draft = [float(self.draft_ms(b)) for b in self.candidates]
-        one_row = self.curve(1)
-        nearly_free = [i for i, r in enumerate(self.default_rows) if self.curve(r) <= (1 + free) * one_row]
+        one_row = self.step_ms(1)
+        nearly_free = [i for i, r in enumerate(self.default_rows) if self.step_ms(r) <= (1 + free) * one_row]
         self.current = nearly_free[-1] if nearly_free else 0
         self.steps = 0
 
@@ -273,7 +368,13 @@ class TreeBudget:
         # an unseen candidate: its size + the rows the seen ones carried beyond theirs (Lookahead's window rows)
         extra = sum(self.rows[i] / self.weight[i] - self.default_rows[i] for i in seen) / len(seen) if seen else 0.0
         rows = [self.rows[i] / w if w > 0 else self.default_rows[i] + extra for i, w in enumerate(self.weight)]
-        return tokens, [d + self.curve(r) for d, r in zip(self.draft, rows)]
+        return tokens, [d + self.step_ms(r) for d, r in zip(self.draft, rows)]
+
+    def step_ms(self, rows: float) -> float:
+        """ms of a step of `rows` full-context rows, plus the cheap rows every step pays (see the class doc)."""
+        if not self.cheap_rows:
+            return self.curve(rows)
+        return self.curve(rows) + self.cheap(rows + self.cheap_rows) - self.cheap(rows)
 
     def speeds(self) -> list[float]:
         """Estimated tokens per ms of each candidate."""
@@ -290,8 +391,11 @@ class TreeBudget:
                 self.current = k
         return self.current
 
-    def choose(self) -> tuple[int, list[int]]:
-        """(budget to verify this step, the other candidates whose trees to regrow for counterfactuals)."""
+    def choose(self, context: int | None = None) -> tuple[int, list[int]]:
+        """(budget to verify this step, the other candidates whose trees to regrow for counterfactuals); costs
+        read at `context` tokens (None: where they were last)."""
+        if context is not None:
+            self.curve = self.costs.at(context)
         self.steps += 1
         k = self.best()
         if self.steps % self.probe_every == 0 and k + 1 < len(self.candidates):

@@ -42,7 +42,8 @@ from __future__ import annotations
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
-from ..mechanisms.budget import TreeBudget, check_budget, check_costs, chooser_stats, is_auto, resolve_curve
+from ..mechanisms.budget import (TreeBudget, check_budget, check_costs, chooser_stats, is_auto, reach,
+                                 resolve_curve)
 from ..mechanisms.draft_tree import grow_tree
 from ..mechanisms.ngram_table import NgramTable
 from ..tables import resolve_frozen
@@ -113,7 +114,9 @@ class Cacheback(Proposer):
         self.chooser = None
         if is_auto(c["tdl"]):  # the curve is read (or measured once per device + model + dtype) before any step
             self.crts = dict(self.ladder)
-            self.chooser = TreeBudget(resolve_curve(self.costs, state.request.target), list(self.crts))
+            req = state.request
+            self.chooser = TreeBudget(resolve_curve(self.costs, req.target, reach(req)), list(self.crts),
+                                      context=len(state.committed))
 
     def _grow(self, context, tdl: int, crt: int):
         return grow_tree(context, self.tables, tdl, crt, refed=1, merge=self.config["merge"])
@@ -123,7 +126,7 @@ class Cacheback(Proposer):
         context = state.committed[-self.tail:]
         if self.chooser is None:
             return Proposal(self._grow(context, c["tdl"], c["crt"]), info=dict(draft_size=c["tdl"]))
-        tdl, others = self.chooser.choose()
+        tdl, others = self.chooser.choose(len(state.committed))
         carry = self.chooser.carry(others, lambda other: self._grow(context, other, self.crts[other]))
         return Proposal(self._grow(context, tdl, self.crts[tdl]), info=dict(draft_size=tdl), carry=carry)
 

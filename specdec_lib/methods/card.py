@@ -76,7 +76,8 @@ import torch
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
-from ..mechanisms.budget import ChainBudget, check_budget, check_costs, chooser_stats, is_auto, resolve_curve
+from ..mechanisms.budget import (ChainBudget, check_budget, check_costs, chooser_stats, is_auto, reach,
+                                 resolve_curve)
 from ..mechanisms.card_drafter import WORKER_NAME, SyncDrafter, ThreadDrafter, growable
 from ..mechanisms.card_process import DrafterProcess
 from ..mechanisms.draft_tree import ROOT, DraftTree
@@ -138,7 +139,8 @@ class Card(Proposer):
         self.anchor = ROOT  # where queries start: the node spelling committed[-1] (None: the text left the tree)
         self.chooser = None
         if is_auto(self.query):  # the target's curve, read (or measured once) before the drafter starts
-            self.chooser = ChainBudget(resolve_curve(self.costs, req.target), max_len=max(1, self.max_depth - 1))
+            self.chooser = ChainBudget(resolve_curve(self.costs, req.target, reach(req)),
+                                       max_len=max(1, self.max_depth - 1))
         self.target_device = req.input_ids.device
         draft, committed = draft_on(req.draft, self.draft_device), state.committed
         # On a CPU both sides share the cores: one intra-op thread each. A GPU target needs few CPU threads:
@@ -180,7 +182,7 @@ class Card(Proposer):
         # last node, so a fully accepted chain's bonus token can be a hit (at max_depth the drafter idles)
         limit = min(max_depth, max(1, self.max_depth - 1))
         if self.chooser is not None and limit > 0:
-            limit = self.chooser.choose(limit)
+            limit = self.chooser.choose(limit, len(state.committed))
         elif isinstance(self.query, int):
             limit = min(limit, self.query)
         if not self.correction and self.anchor is None:  # a stale tree: nothing to query

@@ -46,7 +46,8 @@ import torch
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
-from ..mechanisms.budget import ChainBudget, check_budget, check_costs, chooser_stats, is_auto, resolve_curve
+from ..mechanisms.budget import (ChainBudget, check_budget, check_costs, chooser_stats, is_auto, reach,
+                                 resolve_curve)
 from ..mechanisms.draft_tree import DraftTree
 from ..mechanisms.kv_cache import TrackedCache
 from ..sampling import probs, sample
@@ -79,12 +80,13 @@ class DraftModel(Proposer):
         self.draft_forwards = 0
         self.chooser = None
         if is_auto(self.gamma):  # g draft forwards of one row each, then the target's g + 1 rows
-            one = resolve_curve(self.draft_costs, state.request.draft)(1)
-            self.chooser = ChainBudget(resolve_curve(self.costs, state.request.target), max_len=AUTO_MAX_GAMMA,
+            req = state.request
+            one = resolve_curve(self.draft_costs, req.draft).at(0)(1)
+            self.chooser = ChainBudget(resolve_curve(self.costs, req.target, reach(req)), max_len=AUTO_MAX_GAMMA,
                                        draft_ms=lambda g: g * one)
 
     def propose(self, state: LoopState, max_depth: int) -> Proposal:
-        gamma = self.gamma if self.chooser is None else self.chooser.choose(max_depth)
+        gamma = self.gamma if self.chooser is None else self.chooser.choose(max_depth, len(state.committed))
         g = min(gamma, max_depth)  # the step adds g + 1 tokens at most
         drafts, q_rows = [], []
         feed = state.committed[len(self.draft.tokens):]  # 1 token, 2 after a full acceptance, the prompt on step 1

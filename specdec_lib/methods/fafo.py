@@ -45,7 +45,8 @@ from collections import OrderedDict
 import torch
 
 from ..checks import check_int
-from ..mechanisms.budget import TreeBudget, check_budget, check_costs, chooser_stats, is_auto, resolve_curve
+from ..mechanisms.budget import (TreeBudget, check_budget, check_costs, chooser_stats, is_auto, reach,
+                                 resolve_curve)
 from ..loop import LoopState, Proposal, Proposer, SideRows, register_proposer
 from ..mechanisms import flex_layout, verify
 from ..mechanisms.compression import Compression, Quest, StreamingLLM
@@ -146,7 +147,10 @@ class Fafo(Proposer):
         self.chooser = None
         if is_auto(self.cap):
             ladder = sorted({c for c in CANDIDATE_LADDER if c < self.n} | {self.n})
-            self.chooser = TreeBudget(resolve_curve(self.costs, state.request.target), ladder)
+            req = state.request  # the fumble rows read C(kv) only: priced at its length (budget.TreeBudget)
+            self.chooser = TreeBudget(resolve_curve(self.costs, req.target, reach(req)), ladder,
+                                      context=len(prompt), cheap_rows=self.n * self.k,
+                                      cheap_context=self.compression.kv_budget)
 
     def target_cache(self, state: LoopState):
         req = state.request
@@ -165,10 +169,10 @@ class Fafo(Proposer):
         candidates = self.pool.lookup(state.committed, self.n, self.k) if max_depth > 0 else []
         extra, carry = {}, {}
         if self.chooser is not None and candidates:  # none found: nothing to choose (or learn)
-            cap, others = self.chooser.choose()
-            found, root = candidates, state.committed[-1]  # the fumble rows are paid whatever the cap
+            cap, others = self.chooser.choose(len(state.committed))
+            found, root = candidates, state.committed[-1]  # the fumble rows: the chooser's cheap_rows, every step
             carry = self.chooser.carry(others, lambda other: DraftTree.trie(root, [s for _, s in found[:other]],
-                                                                            max_depth), self.n * self.k)
+                                                                            max_depth))
             extra, candidates = dict(draft_size=cap), candidates[:cap]
         elif candidates:
             candidates, extra = candidates[:self.cap], dict(draft_size=self.cap)

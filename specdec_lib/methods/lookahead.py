@@ -46,7 +46,8 @@ import torch
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, SideRows, register_proposer
-from ..mechanisms.budget import TreeBudget, check_budget, check_costs, chooser_stats, is_auto, resolve_curve
+from ..mechanisms.budget import (TreeBudget, check_budget, check_costs, chooser_stats, is_auto, reach,
+                                 resolve_curve)
 from ..mechanisms.draft_tree import DraftTree
 
 GUESS_LADDER = (0, 1, 2, 3, 4, 5, 7, 10, 14)  # guesses="auto" picks among these (the pool keeps the largest)
@@ -116,7 +117,9 @@ class Lookahead(Proposer):
         self.levels = [[rng.choice(prompt) for _ in range(self.W + self.N - 2)]]
         self.chooser = None
         if is_auto(self.G):  # the pool keeps the most the ladder may propose; the chooser picks how many
-            self.chooser = TreeBudget(resolve_curve(self.costs, state.request.target), GUESS_LADDER)
+            req = state.request
+            self.chooser = TreeBudget(resolve_curve(self.costs, req.target, reach(req)), GUESS_LADDER,
+                                      context=len(prompt))
         self.pool = NgramPool(GUESS_LADDER[-1] if self.chooser else self.G)
         if self.from_text:
             self.pool.add_text(prompt, self.N)
@@ -129,7 +132,7 @@ class Lookahead(Proposer):
         levels, cols = len(self.levels), len(self.levels[0])
         info, carry = {}, {}
         if self.chooser is not None and guesses:  # no guesses: nothing to choose (or learn)
-            g, others = self.chooser.choose()
+            g, others = self.chooser.choose(len(state.committed))
             found = guesses  # the window rows are paid whatever g is
             carry = self.chooser.carry(others, lambda other: DraftTree.trie(root, found[:other], length), levels * cols)
             info, guesses = dict(draft_size=g), guesses[:g]

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
-from ..mechanisms.budget import ChainBudget, check_budget, check_costs, chooser_stats, is_auto, resolve_curve
+from ..mechanisms.budget import (ChainBudget, check_budget, check_costs, chooser_stats, is_auto, reach,
+                                 resolve_curve)
 from ..mechanisms.draft_tree import DraftTree
 
 
@@ -103,12 +104,13 @@ class PromptLookup(Proposer):
         self.index.extend(state.committed)
         self.chooser = None
         if is_auto(self.num_tokens):
-            self.chooser = ChainBudget(resolve_curve(self.costs, state.request.target), max_len=AUTO_MAX_TOKENS)
+            req = state.request
+            self.chooser = ChainBudget(resolve_curve(self.costs, req.target, reach(req)), max_len=AUTO_MAX_TOKENS)
 
     def propose(self, state: LoopState, max_depth: int) -> Proposal:
         committed = state.committed
         n, start = self.index.lookup(committed)
-        count = self.num_tokens if self.chooser is None else self.chooser.choose(max_depth)
+        count = self.num_tokens if self.chooser is None else self.chooser.choose(max_depth, len(committed))
         count = min(count, max_depth)
         drafts = continuation(committed, start, count, self.eos) if n else []
         info = dict(ngram=n, draft_size=count) if n else dict(ngram=n)  # no match: no draft, no draft size
