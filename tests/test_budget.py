@@ -184,6 +184,9 @@ def test_context_costs_measure_each_prefix_once(tmp_path, monkeypatch):
     costs = B.ContextCosts.measure(model, upto=10**4, prefixes=(64, 256, 400, 1024), rows=(1, 4), repeats=1)
     assert costs.prefixes == [64, 256, 400, 508]  # 1024 clipped to the model's context: 512 - 4 rows
     assert len(list((tmp_path / "costs").glob("curve_*.json"))) == 4  # 64 and 256 read back, not measured
+    monkeypatch.setattr(B, "_MEMO", {})  # a new process: every curve read from its file
+    again = B.ContextCosts.measure(model, upto=10**4, prefixes=(64, 256, 400, 1024), rows=(1, 4), repeats=1)
+    assert again.prefixes == costs.prefixes and repr(again) == repr(costs)
 
 
 def test_budgets_shrink_as_the_context_grows():

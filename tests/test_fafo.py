@@ -29,6 +29,33 @@ def test_pool_longest_prefix_first_capped_lru():
     assert pool.lookup([42], n=3, max_prefix=3) == []
 
 
+def test_pool_from_text_caches_each_run_under_the_tokens_before_it():
+    pool = FumblePool(cap=3)
+    pool.add_text([1, 2, 3, 4, 5, 1, 2, 3], k=2)  # (3, 4) under (1, 2) and (2,), (4, 5) under (2, 3), ...
+    assert pool.lookup([9, 1, 2], n=3, max_prefix=2) == [(2, (3, 4))]
+    assert pool.lookup([9, 5, 1], n=3, max_prefix=2) == [(2, (2, 3))]  # (1,) holds (2, 3) again: one candidate
+    pool.add_text([1, 2, 3, 4, 5, 1, 2, 3, 6, 6], k=2, start=7)  # only the runs the new tokens complete
+    assert [sub for _, sub in pool.lookup([0, 2, 3], n=3, max_prefix=2)] == [(6, 6), (4, 5)]
+    # the size is counted as entries come and go (evictions included), not recounted over the table
+    for i in range(20):
+        pool.add([i % 4], (i, i))
+    assert len(pool) == sum(len(entries) for entries in pool.table.values())
+
+
+def test_paper_pool_and_row_budget_are_lossless(tiny_pair):
+    """The paper's FAFO as written (the streams' pool, n candidates) and the default (text in the pool, a budget of
+    verified rows from the cost curve): both emit greedy decoding's tokens; the budget counts tree nodes."""
+    target = tiny_pair.target
+    ids = tiny_pair.encode(SHIPPED_PROMPTS[0])
+    want = generate("autoregressive", target, ids, 32).new_tokens
+    paper = generate("fafo", target, ids, 32, from_text=False, candidates=None, streams=4, guess_len=3)
+    ours = generate("fafo", target, ids, 32, streams=4, guess_len=3)
+    assert paper.new_tokens == want and ours.new_tokens == want
+    assert not paper.stats["config"]["from_text"] and ours.stats["config"]["from_text"]
+    assert all(s["tree_size"] <= s["draft_size"] for s in ours.stats["steps"] if "draft_size" in s)
+    assert ours.stats["pool_size"] > paper.stats["pool_size"]  # the prompt's runs are in the pool too
+
+
 def test_fumble_rows_see_compressed_kv_and_their_stream_only():
     """Step 2 of a run: each stream's last row equals a naive forward over the LOGICAL text with an explicit mask
     (C's positions, the root, the stream's earlier tokens), float64."""

@@ -197,6 +197,15 @@ def test_verify_refuses_a_cache_holding_the_root(models):
 
 # ---- masks and inputs ------------------------------------------------------------------------------
 
+def test_trie_merges_prefixes_and_keeps_a_node_budget():
+    chains = [(1, 2, 3), (1, 4, 5), (6, 7)]
+    assert DraftTree.trie(0, chains, 2).tokens == [1, 2, 4, 6, 7]  # cut to 2 tokens each, the shared 1 merged
+    assert DraftTree.trie(0, chains, 3, nodes=4).paths() == [[0, 1, 2], [0, 3]]  # (1, 4, 5) cut to fit: 1, 4
+    assert DraftTree.trie(0, chains, 3, nodes=2).tokens == [1, 2]  # the likeliest chain's first tokens
+    assert len(DraftTree.trie(0, chains, 3, nodes=0)) == 0
+    assert len(DraftTree.trie(0, chains, 3, nodes=100)) == 7
+
+
 def test_hand_drawn_mask_and_inputs():
     #        root(9)
     #       /      \

@@ -57,7 +57,7 @@ from ..checks import check_int
 AUTO = "auto"
 CURVE_KIND = "loop verify + commit"  # in the cache key: curves timed another way (plain forwards) are re-measured
 MEASURE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
-PREFIXES = (256, 1024, 4096, 8192, 16384, 32768, 65536)  # cached-prefix lengths ContextCosts measures (up to the context reached)
+PREFIXES = (256, 1024, 4096, 8192, 16384, 32768, 65536)  # cached prefixes ContextCosts measures (up to the context reached)
 CONTEXT_STEP = 64  # ContextCosts.at memoises one curve per this many tokens of context (at the bucket's top)
 _MEMO: dict[str, "CostCurve"] = {}  # curves measured or read in this process, by cache key
 
@@ -161,8 +161,12 @@ class CostCurve:
         tmp.write_text(json.dumps(dict(key=key, prefix=prefix, rows=curve.rows.tolist(), ms=curve.ms.tolist())))
         tmp.replace(path)  # atomic: a concurrent reader sees the whole file or none
         curve.path = path
-        curve.prefix = prefix
         return curve
+
+    @property
+    def prefix(self) -> int | None:
+        """The cached tokens a measured curve was timed after (None: an injected curve)."""
+        return None if self.key is None else self.key.get("prefix")
 
     def at(self, context: float) -> "CostCurve":
         """The curve at a context length: one curve (an injected one) serves every context."""

@@ -89,12 +89,20 @@ class DraftTree:
         return tree
 
     @classmethod
-    def trie(cls, root: int, chains: Sequence[Sequence[int]], length: int) -> "DraftTree":
+    def trie(cls, root: int, chains: Sequence[Sequence[int]], length: int, nodes: int | None = None) -> "DraftTree":
         """Chains (Lookahead's n-gram guesses, FAFO's candidates) cut to `length` tokens each, hung under the
-        root, shared prefixes merged."""
+        root, shared prefixes merged; `nodes`: at most that many nodes (a budget of verified rows), chains taken
+        in order and the one that reaches the budget cut to fit (its first tokens are its likeliest)."""
         tree = cls(int(root))
         for tokens in chains:
-            tree.add_chain(ROOT, tokens[:length], merge=True)
+            tokens = tokens[:length]
+            if nodes is not None:
+                room = nodes - len(tree)
+                if room <= 0:
+                    break
+                new = tree.chain_cost(ROOT, tokens, merge=True)  # the chain's tokens past its shared prefix
+                tokens = tokens[:len(tokens) - max(0, new - room)]
+            tree.add_chain(ROOT, tokens, merge=True)
         return tree
 
     def __len__(self) -> int:

@@ -160,28 +160,46 @@ def split_attention(store, query, key, value, scale=None):
     if base == 0 and causal:  # a prompt's prefill: causal over its own rows, nothing committed yet
         return torch.nn.functional.scaled_dot_product_attention(query, own_k, own_v, is_causal=True, scale=scale,
                                                                 enable_gqa=groups > 1)
-    blocked = torch.zeros(rows, rows, dtype=query.dtype, device=query.device)  # additive (R, R)
-    blocked.masked_fill_(~sees.to(query.device), torch.finfo(query.dtype).min)
+    blocked, parts = _split_plan(store, (base, rows, compressed), sees, flags, query.dtype, query.device, groups)
     out, lse = _folded(compat.attention_with_lse, query, own_k, own_v, blocked, scale, groups)
-    for flag, end in ((False, base), (True, compressed)):  # full rows, then compressed rows
-        pick = (flags == flag).nonzero()[:, 0].to(query.device)
-        if end == 0 or len(pick) == 0:
-            continue
+    for pick, end in parts:  # full rows against every committed slot, compressed rows the fixed region
         part, part_lse = _folded(compat.attention_with_lse, query[:, :, pick], key[:, :, :end], value[:, :, :end],
                                  None, scale, groups)
         total = torch.logaddexp(lse[:, :, pick], part_lse)  # (1, heads, r)
         out[:, :, pick] = (out[:, :, pick] * (lse[:, :, pick] - total).exp()[..., None].to(out.dtype)
                            + part * (part_lse - total).exp()[..., None].to(out.dtype))
-        lse[:, :, pick] = total
     return out
+
+
+def _split_plan(store, where: tuple, sees, flags, dtype, device, groups: int):
+    """What every layer of one forward shares in split_attention, made once per forward (kept on the store until
+    the next `prepare`): the own rows' additive mask, folded per group (1, 1, groups * R, R), and per row kind
+    (row pick, committed slots it reads), a pick being a slice where the rows are contiguous (no gather)."""
+    plan = getattr(store, "_split_plan", None)
+    if plan is not None and plan[0] == (where, dtype, device, groups):
+        return plan[1]
+    base, rows, compressed = where
+    blocked = torch.zeros(rows, rows, dtype=dtype, device=device)  # additive (R, R)
+    blocked.masked_fill_(~sees.to(device), torch.finfo(dtype).min)
+    parts = []
+    for flag, end in ((False, base), (True, compressed)):
+        index = (flags == flag).nonzero()[:, 0]
+        if end == 0 or len(index) == 0:
+            continue
+        first, last = int(index[0]), int(index[-1])
+        pick = slice(first, last + 1) if last - first + 1 == len(index) else index.to(device)
+        parts.append((pick, end))
+    result = (blocked.repeat(groups, 1)[None, None], parts)
+    store._split_plan = ((where, dtype, device, groups), result)
+    return result
 
 
 def _folded(attend, query, key, value, mask, scale, groups):
     """attend() with the query heads of each kv head folded into its rows (no copy of the keys):
-    (1, heads, R, dim) -> (1, kv_heads, groups * R, dim), the (R, K) mask repeated per group; unfolded after."""
+    (1, heads, R, dim) -> (1, kv_heads, groups * R, dim), the mask given folded (see _split_plan); unfolded after."""
     batch, heads, rows, dim = query.shape
     folded = query.reshape(batch, heads // groups, groups * rows, dim)
-    out, lse = attend(folded, key, value, None if mask is None else mask.repeat(groups, 1)[None, None], scale)
+    out, lse = attend(folded, key, value, mask, scale)  # mask: already (1, 1, groups * R, K)
     return out.reshape(batch, heads, rows, dim), lse.reshape(batch, heads, rows)
 
 

@@ -144,6 +144,7 @@ class FlexLayoutStore(Cache):
             raise ValueError(f"attention must be 'auto' or one of {sorted(ATTENTION_MODES)}, got {attention!r}")
         self.capacity, self.block, self.q_block, self.attention = capacity, block, q_block, attention
         self._dense_mask = None  # "dense" mode: the mask of the forward in flight, rendered once for every layer
+        self._split_plan = None  # "split" mode: its row picks and own-rows mask (flex_backend._split_plan)
         self.fixed_blocks = -(-kv_budget // block)  # B_fixed
         self.length = self.compressed = self._base = self._rows = 0
         self._causal = False
@@ -195,7 +196,7 @@ class FlexLayoutStore(Cache):
         self.base_t.fill_(self.length)
         self.slot_pos[self.length:self.length + rows] = positions
         self._write_blocks(fwd, flags.tolist())
-        self._dense_mask = None
+        self._dense_mask = self._split_plan = None  # what the attention made for the last forward
         return fwd.block_mask
 
     def _forward(self, rows: int) -> _Forward:

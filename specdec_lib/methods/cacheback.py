@@ -26,13 +26,16 @@ The verifying forward projects only the tree rows the walk reads through the LM 
 verify.RowLogits): on a CPU that is a sixth of the tiny target's work per row.
 
 Draft budget from this machine (mechanisms/budget.py): tdl="auto" picks, each step, a TDL of the
-ladder TDL_LADDER (8 .. 96) that maximises expected tokens / t(1 + tree size), t the target's forward cost
-measured here once (cached per device + model + dtype; `costs=` injects one, a CostCurve or {rows: ms}). Each
+ladder TDL_LADDER (4 .. 96) that maximises expected tokens / t(1 + tree size), t the target's forward cost
+measured here after several context lengths (cached per device + model + dtype + prefix; `costs=` injects one, a
+CostCurve, a ContextCosts or {rows: ms}) and read at the current context, so the tree shrinks as the context
+grows (each full-context row reads every key: at 16k tokens a CPU pays for every one of them). Each
 step also regrows the trees of the 2 next smaller TDLs and the next larger one (tens of microseconds each) to
 learn, from the emitted path, what they would have yielded; every 16th step verifies the next larger TDL (a
 probe). The first step uses the largest TDL whose forward is nearly free (a small one on a CPU). CRT, when not
 given, scales with TDL as in the paper (round(TDL / 6): 16 at 96), but at least FL (a smaller reserve never
-grows a second level); with tdl="auto" a given crt is used for every TDL that admits it.
+grows a second level), and 0 where the TDL holds one level-0 chain at most; with tdl="auto" a given crt is used
+for every TDL that admits it.
 
 Simplifications: batch size 1; the vocabulary check without a tokenizer compares sizes only (pass
 tokenizer= for the hash check); the loop cuts the last steps' trees to the depth that can still be
@@ -49,13 +52,15 @@ from ..mechanisms.ngram_table import NgramTable
 from ..tables import resolve_frozen
 
 
-TDL_LADDER = (8, 12, 16, 24, 32, 48, 64, 96)  # tdl="auto" picks among these
+TDL_LADDER = (4, 8, 12, 16, 24, 32, 48, 64, 96)  # tdl="auto" picks among these (4: one FL-token chain, FL 3)
 
 
-def scaled_crt(tdl: int, fl: int = 3) -> int:
+def scaled_crt(tdl: int, fl: int = 3, refed: int = 1) -> int:
     """CRT when not given: the paper's ratio CRT/TDL = 16/96, rounded, but at least FL (a smaller reserve holds
-    no follower, so the tree would never grow past level 0), and at most TDL - 2."""
-    return max(0, min(tdl - 2, max(fl, round(tdl / 6))))
+    no follower, so the tree would never grow past level 0), and at most TDL - 2; 0 for a TDL too small to hold a
+    level-0 chain beside that reserve (level 0 alone: TDL 4 drafts one FL-token chain instead of nothing)."""
+    crt = max(0, min(tdl - 2, max(fl, round(tdl / 6))))
+    return crt if tdl - refed - crt >= fl else 0
 
 
 @register_proposer("cacheback")

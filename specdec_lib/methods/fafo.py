@@ -24,12 +24,22 @@ What the paper leaves open, and what we chose:
 - retrieval counts as use for the LRU order; a subsequence cached under several prefixes is one candidate;
 - the stream's next token is the argmax of its last row also when the loop samples (it is only a guess).
 
-Draft budget (mechanisms/budget.py): `candidates` caps the find-out candidates verified per step (None:
-`streams`, the paper's n); `candidates="auto"` picks the cap each step from CANDIDATE_LADDER (up to n) as
-Lookahead's guesses="auto" does (budget.TreeBudget: the tree of the neighbouring caps is rebuilt from the same
-retrieved candidates, a subset, and its yield read off the emitted path; `costs=` injects the cost curve). The
-number of streams stays fixed: a stream pays now (k fumble rows) for candidates it caches for LATER steps, so
-what another stream count would have yielded cannot be read off one step, and n fixes the fumble rows' layout.
+Draft budget (mechanisms/budget.py): `candidates=k` caps the find-out candidates verified per step at k (None:
+`streams`, the paper's n). `candidates="auto"` (the default) budgets verified ROWS instead, as Cacheback's
+tdl="auto" does: each step budget.TreeBudget picks a node count from NODE_LADDER (up to n x k) and the find-out
+tree takes the retrieved candidates in order, the one that reaches the budget cut to fit (DraftTree.trie(nodes=)).
+A full-context row costs more as the context grows (it reads every key), so at long context the budget shrinks
+to the first tokens of the likeliest candidates, where a whole k-token candidate would cost more than it gains;
+the fumble rows, which read C(kv) only, are priced at its length (TreeBudget's cheap_rows). The neighbouring
+budgets' trees are rebuilt from the same candidates and their yields read off the emitted path; `costs=` injects
+the cost curve. The number of streams stays fixed: a stream pays now (k fumble rows) for candidates it caches
+for LATER steps, so what another stream count would have yielded cannot be read off one step, and n fixes the
+fumble rows' layout.
+
+`from_text=True` (the default) also caches every k-token run of the prompt and of the emitted text under the k
+tokens before it, as our Lookahead's `from_text` (its reference's POOL_FROM_PROMPT) pools the text's n-grams: the
+pool holds what the text repeats beside what the streams guessed. The paper's pool is the streams' alone:
+`fafo(from_text=False, candidates=None)` is the paper's method as written (notebook 06 compares them).
 
 `fused=False` is the paper's "FAFO-2forward" ablation (Table 1): the fumble rows run in a forward of their own
 before the verifying forward (the proposer holds the store it made for this; the fused method never touches it).
@@ -53,7 +63,7 @@ from ..mechanisms.compression import Compression, Quest, StreamingLLM
 from ..mechanisms.draft_tree import DraftTree
 
 
-CANDIDATE_LADDER = (0, 1, 2, 3, 4, 6, 8, 10, 12, 16)  # candidates="auto" picks among these (those <= streams)
+NODE_LADDER = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # candidates="auto": find-out rows (<= streams x guess_len)
 
 
 class FumblePool:
@@ -62,15 +72,26 @@ class FumblePool:
     def __init__(self, cap: int):
         self.cap = cap
         self.table: dict[tuple, OrderedDict] = {}
+        self.size = 0  # entries over every prefix (counted as they come and go: the table can be large)
 
     def add(self, discarded: list[int], subsequence: tuple) -> None:
         """Cache `subsequence` under each suffix of `discarded` (lengths 1 .. len(discarded))."""
         for m in range(1, len(discarded) + 1):
             entries = self.table.setdefault(tuple(discarded[-m:]), OrderedDict())
+            if subsequence in entries:
+                entries.move_to_end(subsequence)
+                continue
             entries[subsequence] = None
-            entries.move_to_end(subsequence)
+            self.size += 1
             if len(entries) > self.cap:
                 entries.popitem(last=False)
+                self.size -= 1
+
+    def add_text(self, tokens: list[int], k: int, start: int = 0) -> None:
+        """Cache every k-token run of `tokens` from index `start` on (where k tokens follow) under the k tokens
+        before it, as a stream's subsequence is cached under its discarded tokens."""
+        for i in range(max(1, start), len(tokens) - k + 1):
+            self.add(tokens[max(0, i - k):i], tuple(tokens[i:i + k]))
 
     def lookup(self, context: list[int], n: int, max_prefix: int, touch: bool = True) -> list[tuple[int, tuple]]:
         """Up to n (prefix length m, subsequence) pairs, longest matching suffix of `context` first; `touch`:
@@ -91,7 +112,7 @@ class FumblePool:
         return out
 
     def __len__(self) -> int:
-        return sum(len(e) for e in self.table.values())
+        return self.size
 
 
 @register_proposer("fafo")
@@ -100,7 +121,8 @@ class Fafo(Proposer):
 
     def __init__(self, streams: int = 10, guess_len: int = 6, compression="streaming", kv_budget: int = 128,
                  sinks: int = 4, page: int = 16, block: int = flex_layout.BLOCK, attention: str = "auto",
-                 fused: bool = True, seed: int = 0, candidates: int | str | None = None, costs=None):
+                 fused: bool = True, seed: int = 0, candidates: int | str | None = "auto", costs=None,
+                 from_text: bool = True):
         check_int("streams", streams, 1)
         self.cap = streams if candidates is None else check_budget("candidates", candidates, 0)
         check_costs("candidates", candidates, costs=costs)
@@ -124,6 +146,9 @@ class Fafo(Proposer):
             raise ValueError(f"attention must be 'auto' or one of {sorted(flex_layout.ATTENTION_MODES)}")
         if not isinstance(fused, bool):
             raise TypeError(f"fused must be True or False, got {fused!r}")
+        if not isinstance(from_text, bool):
+            raise TypeError(f"from_text must be True or False, got {from_text!r}")
+        self.from_text = from_text
         self.n, self.k, self.block, self.attention, self.seed = streams, guess_len, block, attention, seed
         self.fused = fused
         # the side rows' visibility is the same every step: row j * n + i is token j of stream i (column-wise)
@@ -142,11 +167,14 @@ class Fafo(Proposer):
             self.streams.append(window)
         self.discarded = [[] for _ in range(self.n)]  # per stream, its last k discarded tokens
         self.pool = FumblePool(self.n)
+        if self.from_text:
+            self.pool.add_text(prompt, self.k)
         self.found = self.proposed = self.fumble_forwards = 0
         self._previous = None
         self.chooser = None
         if is_auto(self.cap):
-            ladder = sorted({c for c in CANDIDATE_LADDER if c < self.n} | {self.n})
+            most = self.n * self.k  # a trie of n candidates of k tokens holds at most n x k nodes
+            ladder = sorted({c for c in NODE_LADDER if c < most} | {most})
             req = state.request  # the fumble rows read C(kv) only: priced at its length (budget.TreeBudget)
             self.chooser = TreeBudget(resolve_curve(self.costs, req.target, reach(req)), ladder,
                                       context=len(prompt), cheap_rows=self.n * self.k,
@@ -168,15 +196,15 @@ class Fafo(Proposer):
     def propose(self, state: LoopState, max_depth: int) -> Proposal:
         candidates = self.pool.lookup(state.committed, self.n, self.k) if max_depth > 0 else []
         extra, carry = {}, {}
+        root, nodes = state.committed[-1], None
         if self.chooser is not None and candidates:  # none found: nothing to choose (or learn)
-            cap, others = self.chooser.choose(len(state.committed))
-            found, root = candidates, state.committed[-1]  # the fumble rows: the chooser's cheap_rows, every step
-            carry = self.chooser.carry(others, lambda other: DraftTree.trie(root, [s for _, s in found[:other]],
-                                                                            max_depth))
-            extra, candidates = dict(draft_size=cap), candidates[:cap]
+            nodes, others = self.chooser.choose(len(state.committed))
+            found = [sub for _, sub in candidates]  # the fumble rows: the chooser's cheap_rows, every step
+            carry = self.chooser.carry(others, lambda other: DraftTree.trie(root, found, max_depth, nodes=other))
+            extra = dict(draft_size=nodes)
         elif candidates:
             candidates, extra = candidates[:self.cap], dict(draft_size=self.cap)
-        tree = DraftTree.trie(state.committed[-1], [sub for _, sub in candidates], max_depth)
+        tree = DraftTree.trie(root, [sub for _, sub in candidates], max_depth, nodes=nodes)
         self.proposed += bool(candidates)
         tokens = [self.streams[i][j] for j in range(self.k) for i in range(self.n)]  # column-wise
         info = dict(candidates=len(candidates), prefix_len=max((m for m, _ in candidates), default=0),
@@ -202,6 +230,9 @@ class Fafo(Proposer):
 
     def observe(self, state: LoopState, verdict) -> None:
         self.found += bool(verdict.accepted)
+        if self.from_text:  # the k-token runs the emitted tokens complete
+            committed = state.committed
+            self.pool.add_text(committed, self.k, len(committed) - len(verdict.emitted) - self.k + 1)
         proposal = verdict.proposal
         if "regrow" in proposal.carry:
             self.chooser.record_proposal(proposal, verdict.emitted)
@@ -218,6 +249,7 @@ class Fafo(Proposer):
 
     def stats(self) -> dict:
         return dict(config=dict(streams=self.n, guess_len=self.k, compression=repr(self.compression),
-                                block=self.block, fused=self.fused, candidates=self.cap), **chooser_stats(self.chooser),
+                                block=self.block, fused=self.fused, candidates=self.cap,
+                                from_text=self.from_text), **chooser_stats(self.chooser),
                     pool_size=len(self.pool), steps_with_candidates=self.proposed,
                     steps_with_accepted_candidates=self.found, fumble_forwards=self.fumble_forwards)
