@@ -139,6 +139,20 @@ def test_store_entries_are_swapped_not_shifted():
     assert store.slot_pos[20] == 14 and torch.equal(store.keys[:, :, 20], before[:, :, evicted])
 
 
+def test_a_split_prefill_writes_its_causal_pattern_only_when_drawn():
+    """A prompt's prefill in split mode skips its (P, P) pattern (SDPA's causal kernel needs none); drawing it
+    still shows the causal mask, as the dense mode's store (which writes it at once) does."""
+    model = random_lm("llama")
+    store = fl.FlexLayoutStore(model, capacity=64, compression=StreamingLLM(2, 6), block=8, attention="split")
+    store.prepare(torch.arange(12))
+    assert store._sees_pending
+    mask, _ = store.logical_mask()
+    assert torch.equal(mask, torch.ones(12, 12, dtype=torch.bool).tril())
+    dense = fl.FlexLayoutStore(model, capacity=64, compression=StreamingLLM(2, 6), block=8, attention="dense")
+    dense.prepare(torch.arange(12))
+    assert not dense._sees_pending and torch.equal(dense.logical_mask()[0], mask)
+
+
 def test_block_tables_compressed_rows_load_fixed_and_own_blocks():
     model = random_lm("llama")
     store = fl.FlexLayoutStore(model, capacity=256, compression=StreamingLLM(4, 20), block=16, q_block=2)

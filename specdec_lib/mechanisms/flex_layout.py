@@ -147,7 +147,7 @@ class FlexLayoutStore(Cache):
         self._split_plan = None  # "split" mode: its row picks and own-rows mask (flex_backend._split_plan)
         self.fixed_blocks = -(-kv_budget // block)  # B_fixed
         self.length = self.compressed = self._base = self._rows = 0
-        self._causal = False
+        self._causal = self._sees_pending = False
         self._queried = False
         self._dirty = False  # entries changed since the last compress
         self.base_t = torch.zeros((), dtype=torch.long, device=device)  # read by the mask_mods
@@ -185,12 +185,17 @@ class FlexLayoutStore(Cache):
         if self._dirty:
             self.compress()
         causal = sees is None
-        sees = torch.ones(rows, rows, dtype=torch.bool).tril() if sees is None else torch.as_tensor(sees)
+        # a prompt's prefill in split mode reads no (R, R) pattern (its attention is SDPA's causal kernel): the
+        # pattern, P x P at a long prompt's length, is written only if something draws it (dense_mask)
+        pending = causal and self.attention == "split" and self.length == 0
+        sees = None if pending else torch.ones(rows, rows, dtype=torch.bool).tril() if causal else torch.as_tensor(sees)
         flags = torch.zeros(rows, dtype=torch.bool) if compressed_rows is None else torch.as_tensor(compressed_rows)
-        if sees.shape != (rows, rows) or flags.shape != (rows,):
+        if (sees is not None and sees.shape != (rows, rows)) or flags.shape != (rows,):
             raise ValueError(f"sees must be ({rows}, {rows}) and compressed_rows ({rows},) for {rows} positions")
         fwd = self._forward(rows)
-        fwd.sees.copy_(sees)
+        if sees is not None:
+            fwd.sees.copy_(sees)
+        self._sees_pending = pending
         fwd.compressed_rows.copy_(flags)
         self._base, self._rows, self._causal = self.length, rows, causal
         self.base_t.fill_(self.length)
@@ -202,7 +207,7 @@ class FlexLayoutStore(Cache):
     def _forward(self, rows: int) -> _Forward:
         if rows not in self._forwards:  # once per row count: the mask_mod and block tables are reused after
             device = self.slot_pos.device
-            sees = torch.zeros(rows, rows, dtype=torch.bool, device=device)
+            sees = torch.empty(rows, rows, dtype=torch.bool, device=device)  # written by each prepare before use
             flags = torch.zeros(rows, dtype=torch.bool, device=device)
             mask_mod = masks.or_masks(rows_where(flags, below(self.compressed_t), below(self.base_t)),
                                       own_rows(sees, self.base_t))
@@ -294,7 +299,11 @@ class FlexLayoutStore(Cache):
         """The forward in flight's mask_mod evaluated on every (row, slot): bool (1, 1, R, capacity) (only the
         first valid_slots() columns are evaluated; the rest are False)."""
         if self._dense_mask is None:
-            mask_mod = self._forwards[self._rows].block_mask.mask_mod
+            fwd = self._forwards[self._rows]
+            if self._sees_pending:  # a split-mode prefill skipped writing its causal pattern: write it now
+                fwd.sees.copy_(torch.ones(self._rows, self._rows, dtype=torch.bool).tril())
+                self._sees_pending = False
+            mask_mod = fwd.block_mask.mask_mod
             mask = torch.zeros(self._rows, self.capacity, dtype=torch.bool, device=self.slot_pos.device)
             mask[:, :self.valid_slots()] = masks.dense(mask_mod, self._rows, self.valid_slots(),
                                                        self.slot_pos.device)
