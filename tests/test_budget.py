@@ -201,6 +201,21 @@ def test_budgets_shrink_as_the_context_grows():
     assert B.TreeBudget(costs, [4, 16, 64], context=16384).choose()[0] == 4  # the first guess reads it too
 
 
+def test_a_rung_that_drafts_nothing_is_never_the_first_guess_nor_taken_on_little_evidence():
+    """Cacheback's TDL 2 is a plain step: the first guess starts at `first`, and the chooser falls to the plain
+    step only after probe_every steps show drafting costs more than it yields (STEEP: every row a forward)."""
+    chooser = B.TreeBudget(STEEP, [2, 4, 8], probe_every=6, decide_every=1, first=4)
+    pick, picks = chooser.choose()[0], []
+    assert pick == 4
+    for _ in range(12):
+        chooser.record({4: (1, 5), 2: (1, 1), 8: (1, 9)}, verified=pick)  # no draft token is ever accepted
+        pick = chooser.choose()[0]
+        picks.append(pick)
+    assert picks[:4] == [4] * 4 and picks[-1] == 2, picks  # (step 6 probes 8)
+    with pytest.raises(ValueError, match="first"):
+        B.TreeBudget(STEEP, [2, 4], first=3)
+
+
 def test_cheap_rows_are_priced_at_their_own_context():
     """FAFO's fumble rows read C(kv) only: a step of r full rows + 60 cheap ones costs t_ctx(r) + what the 60
     add at the compressed length."""

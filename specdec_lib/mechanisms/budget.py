@@ -57,7 +57,7 @@ from ..checks import check_int
 AUTO = "auto"
 CURVE_KIND = "loop verify + commit"  # in the cache key: curves timed another way (plain forwards) are re-measured
 MEASURE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
-PREFIXES = (256, 1024, 4096, 8192, 16384, 32768, 65536)  # cached prefixes ContextCosts measures (up to the context reached)
+PREFIXES = (256, 1024, 4096, 8192, 16384, 32768, 65536)  # cached prefixes ContextCosts times (to the context reached)
 CONTEXT_STEP = 64  # ContextCosts.at memoises one curve per this many tokens of context (at the bucket's top)
 _MEMO: dict[str, "CostCurve"] = {}  # curves measured or read in this process, by cache key
 
@@ -331,7 +331,10 @@ class TreeBudget:
     verified tree's yields on those same steps) x the verified yield's running mean, shrunk by one pseudo-step
     toward the ratio 1. The verified candidate is the best estimated speed, kept unless another beats it by
     `margin` (hysteresis: switching on noise costs more than it gains). Before any data: the largest candidate
-    whose step costs at most `free` more than a one-row step (on a GPU often the largest; on a CPU a small one).
+    whose step costs at most `free` more than a one-row step (on a GPU often the largest; on a CPU a small one),
+    but not below `first` (given when the smallest candidates draft nothing: a plain step yields no counterfactual
+    to learn from at the start); the chooser falls below it, when drafting costs more than it yields, only after
+    `probe_every` steps of evidence (one unlucky first step would otherwise stop the drafting).
 
     `curve` is a CostCurve or a ContextCosts read at `context` (the prompt's length at first, then what `choose`
     is given); `cheap_rows` rows every step pays that read only `cheap_context` cached tokens (FAFO's fumble rows
@@ -341,7 +344,7 @@ class TreeBudget:
     def __init__(self, curve, candidates: Sequence[int], probe_every: int = 16, window: int = 1,
                  above: int = 1, decay: float = 0.97, free: float = 0.15, margin: float = 0.03,
                  decide_every: int = 2, draft_ms: Callable[[int], float] | None = None, context: int = 0,
-                 cheap_rows: int = 0, cheap_context: int = 0):
+                 cheap_rows: int = 0, cheap_context: int = 0, first: int | None = None):
         self.costs, self.candidates = curve, sorted(set(int(c) for c in candidates))
         self.curve = curve.at(context)
         self.cheap_rows = check_int("cheap_rows", cheap_rows, 0)
@@ -361,7 +364,10 @@ class TreeBudget:
         self.draft = [float(self.draft_ms(b)) for b in self.candidates]
         one_row = self.step_ms(1)
         nearly_free = [i for i, r in enumerate(self.default_rows) if self.step_ms(r) <= (1 + free) * one_row]
-        self.current = nearly_free[-1] if nearly_free else 0
+        if first is not None and first not in self.candidates:
+            raise ValueError(f"first={first} is not a candidate ({self.candidates})")
+        self.lowest = 0 if first is None else self.candidates.index(first)  # a rung drafting nothing teaches nothing
+        self.current = max(self.lowest, nearly_free[-1] if nearly_free else 0)
         self.steps = 0
 
     def estimates(self) -> tuple[list[float], list[float]]:
@@ -390,7 +396,8 @@ class TreeBudget:
         (looked at every `decide_every` steps: the estimates move slowly, and each look costs tens of us)."""
         if self.verified_weight > 0 and self.steps % self.decide_every == 1 % self.decide_every:
             speeds = self.speeds()
-            k = max(range(len(speeds)), key=speeds.__getitem__)
+            start = self.lowest if self.steps <= self.probe_every else 0  # below `first`: after some evidence
+            k = max(range(start, len(speeds)), key=speeds.__getitem__)
             if speeds[k] > (1 + self.margin) * speeds[self.current]:
                 self.current = k
         return self.current

@@ -26,16 +26,17 @@ The verifying forward projects only the tree rows the walk reads through the LM 
 verify.RowLogits): on a CPU that is a sixth of the tiny target's work per row.
 
 Draft budget from this machine (mechanisms/budget.py): tdl="auto" picks, each step, a TDL of the
-ladder TDL_LADDER (4 .. 96) that maximises expected tokens / t(1 + tree size), t the target's forward cost
+ladder TDL_LADDER (2 .. 96) that maximises expected tokens / t(1 + tree size), t the target's forward cost
 measured here after several context lengths (cached per device + model + dtype + prefix; `costs=` injects one, a
 CostCurve, a ContextCosts or {rows: ms}) and read at the current context, so the tree shrinks as the context
-grows (each full-context row reads every key: at 16k tokens a CPU pays for every one of them). Each
+grows (each full-context row reads every key: at 16k tokens a CPU pays for every one of them); its lowest rung,
+TDL 2, drafts nothing (a plain step), for when any draft costs more than it yields. Each
 step also regrows the trees of the 2 next smaller TDLs and the next larger one (tens of microseconds each) to
 learn, from the emitted path, what they would have yielded; every 16th step verifies the next larger TDL (a
-probe). The first step uses the largest TDL whose forward is nearly free (a small one on a CPU). CRT, when not
-given, scales with TDL as in the paper (round(TDL / 6): 16 at 96), but at least FL (a smaller reserve never
-grows a second level), and 0 where the TDL holds one level-0 chain at most; with tdl="auto" a given crt is used
-for every TDL that admits it.
+probe). The first step uses the largest TDL whose forward is nearly free (a small one on a CPU; never TDL 2).
+CRT, when not given, scales with TDL as in the paper (round(TDL / 6): 16 at 96), but at least FL (a smaller
+reserve never grows a second level), and 0 where the TDL holds one level-0 chain at most; with tdl="auto" a given
+crt is used for every TDL that admits it.
 
 Simplifications: batch size 1; the vocabulary check without a tokenizer compares sizes only (pass
 tokenizer= for the hash check); the loop cuts the last steps' trees to the depth that can still be
@@ -52,7 +53,7 @@ from ..mechanisms.ngram_table import NgramTable
 from ..tables import resolve_frozen
 
 
-TDL_LADDER = (4, 8, 12, 16, 24, 32, 48, 64, 96)  # tdl="auto" picks among these (4: one FL-token chain, FL 3)
+TDL_LADDER = (2, 4, 8, 12, 16, 24, 32, 48, 64, 96)  # tdl="auto" picks among these (2: no draft, FL 3: a plain step)
 
 
 def scaled_crt(tdl: int, fl: int = 3, refed: int = 1) -> int:
@@ -120,8 +121,9 @@ class Cacheback(Proposer):
         if is_auto(c["tdl"]):  # the curve is read (or measured once per device + model + dtype) before any step
             self.crts = dict(self.ladder)
             req = state.request
+            drafting = [t for t, c in self.ladder if t - 1 - c >= self.config["fl"]]  # TDLs that draft a chain
             self.chooser = TreeBudget(resolve_curve(self.costs, req.target, reach(req)), list(self.crts),
-                                      context=len(state.committed))
+                                      context=len(state.committed), first=drafting[0] if drafting else None)
 
     def _grow(self, context, tdl: int, crt: int):
         return grow_tree(context, self.tables, tdl, crt, refed=1, merge=self.config["merge"])
