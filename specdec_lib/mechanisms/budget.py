@@ -175,8 +175,8 @@ class CostCurve:
 
 class ContextCosts:
     """t(rows, context): CostCurves measured after several cached-prefix lengths; `at(context)` is the curve at
-    a context, linear in the prefix between two measured ones and beyond the last (with the last two's slope,
-    never falling: a longer context never makes a row cheaper), the first one below it."""
+    a context: linear in the prefix between two measured ones and beyond the last (with the last two's slope,
+    never falling: a longer context never makes a row cheaper), the first curve below the first prefix."""
 
     def __init__(self, curves: dict):
         if not curves:

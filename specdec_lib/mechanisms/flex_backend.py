@@ -160,7 +160,7 @@ def split_attention(store, query, key, value, scale=None):
     if base == 0 and causal:  # a prompt's prefill: causal over its own rows, nothing committed yet
         return torch.nn.functional.scaled_dot_product_attention(query, own_k, own_v, is_causal=True, scale=scale,
                                                                 enable_gqa=groups > 1)
-    blocked, parts = _split_plan(store, (base, rows, compressed), sees, flags, query.dtype, query.device, groups)
+    blocked, parts = _split_plan(store, base, rows, compressed, sees, flags, query.dtype, groups)
     out, lse = _folded(compat.attention_with_lse, query, own_k, own_v, blocked, scale, groups)
     for pick, end in parts:  # full rows against every committed slot, compressed rows the fixed region
         part, part_lse = _folded(compat.attention_with_lse, query[:, :, pick], key[:, :, :end], value[:, :, :end],
@@ -171,14 +171,13 @@ def split_attention(store, query, key, value, scale=None):
     return out
 
 
-def _split_plan(store, where: tuple, sees, flags, dtype, device, groups: int):
-    """What every layer of one forward shares in split_attention, made once per forward (kept on the store until
-    the next `prepare`): the own rows' additive mask, folded per group (1, 1, groups * R, R), and per row kind
-    (row pick, committed slots it reads), a pick being a slice where the rows are contiguous (no gather)."""
-    plan = getattr(store, "_split_plan", None)
-    if plan is not None and plan[0] == (where, dtype, device, groups):
-        return plan[1]
-    base, rows, compressed = where
+def _split_plan(store, base: int, rows: int, compressed: int, sees, flags, dtype, groups: int):
+    """What every layer of one forward shares in split_attention, made by its first layer and kept on the store
+    until the next `prepare` clears it: the own rows' additive mask, folded per group (1, 1, groups * R, R), and
+    per row kind (row pick, committed slots it reads), a pick being a slice where the rows are contiguous."""
+    if store._split_plan is not None:
+        return store._split_plan
+    device = store.keys.device
     blocked = torch.zeros(rows, rows, dtype=dtype, device=device)  # additive (R, R)
     blocked.masked_fill_(~sees.to(device), torch.finfo(dtype).min)
     parts = []
@@ -189,9 +188,8 @@ def _split_plan(store, where: tuple, sees, flags, dtype, device, groups: int):
         first, last = int(index[0]), int(index[-1])
         pick = slice(first, last + 1) if last - first + 1 == len(index) else index.to(device)
         parts.append((pick, end))
-    result = (blocked.repeat(groups, 1)[None, None], parts)
-    store._split_plan = ((where, dtype, device, groups), result)
-    return result
+    store._split_plan = (blocked.repeat(groups, 1)[None, None], parts)
+    return store._split_plan
 
 
 def _folded(attend, query, key, value, mask, scale, groups):

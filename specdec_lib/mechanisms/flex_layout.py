@@ -188,7 +188,12 @@ class FlexLayoutStore(Cache):
         # a prompt's prefill in split mode reads no (R, R) pattern (its attention is SDPA's causal kernel): the
         # pattern, P x P at a long prompt's length, is written only if something draws it (dense_mask)
         pending = causal and self.attention == "split" and self.length == 0
-        sees = None if pending else torch.ones(rows, rows, dtype=torch.bool).tril() if causal else torch.as_tensor(sees)
+        if pending:
+            sees = None
+        elif causal:
+            sees = torch.ones(rows, rows, dtype=torch.bool).tril()
+        else:
+            sees = torch.as_tensor(sees)
         flags = torch.zeros(rows, dtype=torch.bool) if compressed_rows is None else torch.as_tensor(compressed_rows)
         if (sees is not None and sees.shape != (rows, rows)) or flags.shape != (rows,):
             raise ValueError(f"sees must be ({rows}, {rows}) and compressed_rows ({rows},) for {rows} positions")

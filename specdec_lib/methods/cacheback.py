@@ -53,15 +53,21 @@ from ..mechanisms.ngram_table import NgramTable
 from ..tables import resolve_frozen
 
 
-TDL_LADDER = (2, 4, 8, 12, 16, 24, 32, 48, 64, 96)  # tdl="auto" picks among these (2: no draft, FL 3: a plain step)
+TDL_LADDER = (2, 4, 8, 12, 16, 24, 32, 48, 64, 96)  # tdl="auto" picks among these (2: a plain step)
 
 
-def scaled_crt(tdl: int, fl: int = 3, refed: int = 1) -> int:
+def holds_chain(tdl: int, crt: int, fl: int, refed: int = 1) -> bool:
+    """Whether a tree of TDL rows (`refed` of them re-fed) with CRT reserved for levels >= 1 has room for one
+    FL-token chain at level 0: grow_tree hangs whole chains only, so a TDL without it drafts nothing."""
+    return tdl - refed - crt >= fl
+
+
+def scaled_crt(tdl: int, fl: int = 3) -> int:
     """CRT when not given: the paper's ratio CRT/TDL = 16/96, rounded, but at least FL (a smaller reserve holds
     no follower, so the tree would never grow past level 0), and at most TDL - 2; 0 for a TDL too small to hold a
     level-0 chain beside that reserve (level 0 alone: TDL 4 drafts one FL-token chain instead of nothing)."""
     crt = max(0, min(tdl - 2, max(fl, round(tdl / 6))))
-    return crt if tdl - refed - crt >= fl else 0
+    return crt if holds_chain(tdl, crt, fl) else 0
 
 
 @register_proposer("cacheback")
@@ -121,7 +127,7 @@ class Cacheback(Proposer):
         if is_auto(c["tdl"]):  # the curve is read (or measured once per device + model + dtype) before any step
             self.crts = dict(self.ladder)
             req = state.request
-            drafting = [t for t, c in self.ladder if t - 1 - c >= self.config["fl"]]  # TDLs that draft a chain
+            drafting = [t for t, crt in self.ladder if holds_chain(t, crt, c["fl"])]
             self.chooser = TreeBudget(resolve_curve(self.costs, req.target, reach(req)), list(self.crts),
                                       context=len(state.committed), first=drafting[0] if drafting else None)
 

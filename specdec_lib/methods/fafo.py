@@ -196,15 +196,14 @@ class Fafo(Proposer):
     def propose(self, state: LoopState, max_depth: int) -> Proposal:
         candidates = self.pool.lookup(state.committed, self.n, self.k) if max_depth > 0 else []
         extra, carry = {}, {}
-        root, nodes = state.committed[-1], None
+        root, nodes, found = state.committed[-1], None, [sub for _, sub in candidates]
         if self.chooser is not None and candidates:  # none found: nothing to choose (or learn)
-            nodes, others = self.chooser.choose(len(state.committed))
-            found = [sub for _, sub in candidates]  # the fumble rows: the chooser's cheap_rows, every step
+            nodes, others = self.chooser.choose(len(state.committed))  # the fumble rows: its cheap_rows
             carry = self.chooser.carry(others, lambda other: DraftTree.trie(root, found, max_depth, nodes=other))
             extra = dict(draft_size=nodes)
         elif candidates:
-            candidates, extra = candidates[:self.cap], dict(draft_size=self.cap)
-        tree = DraftTree.trie(root, [sub for _, sub in candidates], max_depth, nodes=nodes)
+            candidates, found, extra = candidates[:self.cap], found[:self.cap], dict(draft_size=self.cap)
+        tree = DraftTree.trie(root, found, max_depth, nodes=nodes)
         self.proposed += bool(candidates)
         tokens = [self.streams[i][j] for j in range(self.k) for i in range(self.n)]  # column-wise
         info = dict(candidates=len(candidates), prefix_len=max((m for m, _ in candidates), default=0),
