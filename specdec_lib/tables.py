@@ -105,6 +105,17 @@ def ensure_frozen_table(tokenizer, leader_len: int = 1, follower_len: int = 3, l
     return table.save(path)
 
 
+def _table_ready(tokenizer, ll: int, fl: int, lc: int, fc: int) -> bool:
+    """True when `ensure_frozen_table` would find the table (shipped for this tokenizer, or cached) unbuilt."""
+    if cached_table_path(tokenizer, ll, fl, lc, fc).is_file():
+        return True
+    shipped = frozen_table_path(ll, fl)
+    if (lc, fc) != (2**20, 128) or not shipped.is_file():
+        return False
+    with np.load(shipped) as data:
+        return json.loads(str(data["meta"])).get("vocab_fingerprint") == tokenizer_meta(tokenizer)["vocab_fingerprint"]
+
+
 class NoFrozenTableWarning(UserWarning):
     """frozen=True but no usable frozen table: Cacheback runs with the dynamic table alone."""
 
@@ -142,18 +153,23 @@ def _mismatch(table, vocab: int) -> str | None:
 def resolve_frozen(frozen, target, ll: int, fl: int, lc: int, fc: int, tokenizer=None):
     """The frozen table to use, or None.
 
-    True: the shipped table for (LL, FL) if it fits, else (with `tokenizer`) one built earlier by
-    `ensure_frozen_table` in the cache, else warn once and return None. "build": `ensure_frozen_table`
-    (needs `tokenizer`; builds from the standard-library corpus and caches when missing). A path or a
-    FrozenNgramTable: that table, which must fit the target's vocabulary."""
+    True: with `tokenizer`, the table of the pair's own tokenizer: the shipped one when it was built with it,
+    else one built earlier in the cache, else built now from the standard-library corpus (tens of seconds, once;
+    one line says so) and cached (`ensure_frozen_table`); without `tokenizer`, the shipped table if it fits the
+    target's vocabulary, else warn once and return None. "build": the same as True with a tokenizer (which it
+    needs). A path or a FrozenNgramTable: that table, which must fit the target's vocabulary."""
     global _WARNED
     vocab = vocab_size(target)
     if frozen is False or frozen is None:
         return None
-    if isinstance(frozen, str) and frozen == "build":
-        if tokenizer is None:
-            raise ValueError('frozen="build" needs tokenizer= (the table is counted from text with it)')
-        frozen = ensure_frozen_table(tokenizer, ll, fl, max(lc, 2**20), max(fc, 128))
+    if isinstance(frozen, str) and frozen == "build" and tokenizer is None:
+        raise ValueError('frozen="build" needs tokenizer= (the table is counted from text with it)')
+    if (frozen is True or frozen == "build") and tokenizer is not None:
+        args = (tokenizer, ll, fl, max(lc, 2**20), max(fc, 128))
+        if not _table_ready(*args):
+            print(f"cacheback: building the frozen table of this tokenizer ({vocab} tokens, LL={ll}, FL={fl}) from "
+                  f"the standard-library corpus, once; cached at {cached_table_path(*args)}", flush=True)
+        frozen = ensure_frozen_table(*args, progress=False)
     if frozen is True:
         path = frozen_table_path(ll, fl)
         if not path.is_file() and tokenizer is not None:  # built on demand earlier (ensure_frozen_table)

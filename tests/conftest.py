@@ -98,6 +98,21 @@ def smoke_workbook(tmp_path_factory):
     return {"out": out, "runs": {run.name: run for run in runs}, "jupyter_data": jupyter_data}
 
 
+@pytest.fixture(scope="session")
+def smol_workbook(tmp_path_factory):
+    """Every notebook executed once in SMOKE mode with MODELS = "smol" (the real pair: SmolLM2-135M-Instruct and
+    its exit draft), as a user would run them with that one parameter changed."""
+    from specdec_lib.tools import run_notebooks
+
+    out = tmp_path_factory.mktemp("workbook_smol")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECDEC_CACHE", str(out / "cache"))
+        mp.setenv("JUPYTER_DATA_DIR", str(tmp_path_factory.mktemp("jupyter_data_smol")))
+        runs = run_notebooks.run_all(out, smoke=True, timeout=600, log=lambda *a, **k: None,
+                                     params={"MODELS": "smol"})
+    return {"out": out, "runs": {run.name: run for run in runs}}
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _project_cache_in_a_temp_folder(tmp_path_factory):
     """Cost curves and frozen tables the tests measure or build go to a folder of this test session, not to the
@@ -107,6 +122,9 @@ def _project_cache_in_a_temp_folder(tmp_path_factory):
     if "SPECDEC_CACHE" in os.environ:  # the caller chose one
         yield
         return
+    from specdec_lib.smol import models_root
+
     with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECDEC_MODELS", str(models_root()))  # models made here (smol's dequantised GGUF) are shared
         mp.setenv("SPECDEC_CACHE", str(tmp_path_factory.mktemp("specdec_cache")))
         yield

@@ -80,6 +80,19 @@ def test_readme_benchmark_table_is_generated_from_the_saved_results():
         assert f"{hf['tokens_per_s']:.0f}" in table.splitlines()[4]
 
 
+def test_readme_real_pair_table_is_generated_from_the_saved_results():
+    """The real pair's block: `python -m specdec_lib.bench.compare --readme README.md humaneval editing --tag
+    cpu_smol --block smol` (written by `make bench-smol`)."""
+    results = compare.load_results(ROOT / "data" / "results" / f"bench_{s}_cpu_smol.json"
+                                   for s in ("humaneval", "editing"))
+    table = compare.markdown_table(results, "cpu_smol", "smol")
+    start, end = compare.markers("smol")
+    readme = (ROOT / "README.md").read_text()
+    assert readme.split(start, 1)[1].split(end, 1)[0].strip() == table
+    assert "--tag cpu_smol --block smol" in table.splitlines()[0]
+    assert all(data["meta"]["models"] == "smol" for data in results.values())
+
+
 def test_write_readme_table_replaces_only_the_block(tmp_path):
     results = compare.load_results(ROOT / "data" / "results" / f"bench_{s}_cpu.json" for s in ("code",))
     readme = tmp_path / "README.md"

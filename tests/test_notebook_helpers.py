@@ -37,3 +37,8 @@ def test_long_run_saves_with_full_and_shows_the_saved_table_without(tmp_path, ca
     again = notebook.long_run("04_x", compute, full=False, pair=other, results_dir=tmp_path)
     assert len(calls) == 4 and again.speedup.tolist() == [1.0, 5.5] and "'tiny' on cpu" in capsys.readouterr().out
     assert missing.speedup.tolist() == [1.0, 2.5] and smoke.speedup.tolist() == [1.0, 3.5]
+    smol = SimpleNamespace(name="smol", device=torch.device("cpu"))  # another pair keeps a table of its own
+    notebook.long_run("04_x", compute, full=True, pair=smol, results_dir=tmp_path)
+    assert json.loads((tmp_path / "04_x_smol.json").read_text())["models"] == "smol"
+    assert json.loads((tmp_path / "04_x.json").read_text())["models"] == "tiny"
+    assert notebook.long_run("04_x", compute, full=False, pair=smol, results_dir=tmp_path).speedup.tolist() == [1.0, 6.5]

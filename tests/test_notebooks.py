@@ -47,6 +47,20 @@ def test_notebook_runs_in_smoke_mode(path, smoke_workbook):
     assert (run.html.parent / offline_views.PLOTLY_JS).exists()
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_on_the_real_pair(path, smol_workbook):
+    """MODELS = "smol": the same notebook on SmolLM2-135M-Instruct (49k-token vocabulary, chat template, GQA) and
+    its exit draft, with no error and nothing on stderr (no warning box, e.g. a missing frozen table)."""
+    run = smol_workbook["runs"][path.name]
+    assert run.ok, f"{run.name} failed with MODELS='smol':\n{run.error}"
+    nb = nbformat.read(run.output, as_version=4)
+    injected = [c for c in nb.cells if run_notebooks.INJECTED_TAG in c.metadata.get("tags", [])]
+    assert len(injected) == 1 and "MODELS = 'smol'" in injected[0].source.replace('"', "'")
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors, [f"{e.ename}: {e.evalue}" for e in errors]
+    assert not run.stderr, run.stderr
+
+
 def test_index_links_every_notebook_and_its_figures(smoke_workbook):
     out = smoke_workbook["out"]
     index = (out / "index.html").read_text()

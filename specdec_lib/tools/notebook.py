@@ -63,6 +63,7 @@ def long_run(name: str, compute, *, full: bool, pair, smoke: bool = False, setti
     from specdec_lib import bench
 
     folder = Path(results_dir) if results_dir is not None else RESULTS_DIR
+    name = saved_name(name, pair)
     table_path, meta_path = folder / f"{name}.csv", folder / f"{name}.json"
     where = dict(models=pair.name, device_type=pair.device.type)
     if not full:
@@ -84,6 +85,14 @@ def long_run(name: str, compute, *, full: bool, pair, smoke: bool = False, setti
                     machine=bench.machine_info(pair), settings=settings or {})
         meta_path.write_text(json.dumps(meta, indent=2, default=str) + "\n")
     return table
+
+
+def saved_name(name: str, pair) -> str:
+    """The saved run's file stem: `name` for the tiny pairs (the workbook's default), `name_<pair>` for another
+    pair (e.g. 08_runs_smol), so each pair keeps its own table."""
+    if pair.name in ("tiny", "tiny-long"):
+        return name
+    return name + "_" + "".join(c if c.isalnum() or c in "-." else "_" for c in pair.name)
 
 
 def _settings_text(settings: dict | None) -> str:

@@ -187,11 +187,16 @@ def main(argv=None) -> int:
     parser.add_argument("--stop-on-error", action="store_true", help="stop at the first failing notebook")
     parser.add_argument("--fail-on-stderr", action="store_true",
                         help="a notebook with any stderr output (a warning's red box) fails the run")
+    parser.add_argument("--models", default=None,
+                        help='set MODELS: "tiny", "smol" (the real pair), "auto", or "TARGET_DIR,DRAFT_DIR"')
     args = parser.parse_args(argv)
+    params = {"FULL": True} if args.full else {}
+    if args.models:
+        params["MODELS"] = args.models if "," not in args.models else tuple(args.models.split(","))
     try:
         runs = run_all(args.out, smoke=args.smoke, pattern=args.pattern, notebooks_dir=args.notebooks,
                        timeout=max(args.timeout, 3600) if args.full else args.timeout,
-                       stop_on_error=args.stop_on_error, params={"FULL": True} if args.full else None)
+                       stop_on_error=args.stop_on_error, params=params or None)
     except FileNotFoundError as err:
         print(err, file=sys.stderr)
         return 2
