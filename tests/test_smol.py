@@ -102,8 +102,10 @@ def test_exit_draft_round_trip_and_subset_head(tmp_path):
     assert out.new_tokens == sd.generate("hf", pair.target, ids, 12).new_tokens
 
 
-def test_frozen_table_follows_the_pairs_tokenizer(smol_pair, capsys):
+def test_frozen_table_follows_the_pairs_tokenizer(smol_pair, capsys, tmp_path, monkeypatch):
     from specdec_lib.tables import resolve_frozen
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))  # an empty cache: the table is counted here, once
 
     table = resolve_frozen(True, smol_pair.target, 1, 3, 2**20, 128, tokenizer=smol_pair.tokenizer)
     assert table is not None and table.meta["vocab_size"] == 49152

@@ -246,8 +246,10 @@ def build_smol_card(threads: int | None = None) -> str:
         "",
         "## The draft (`data/models/smol-draft`, `exit_draft.py`)",
         "",
-        f"- What: the target's first **{meta['frozen']}** decoder layers as they are, **{meta['trained']}** more "
-        f"trained (initialised from the target's next layers: {trained:,} parameters, the only weights shipped, in "
+        ("- What: a small distilled draft: no layer of the target as it is, " if meta["frozen"] == 0 else
+         f"- What: an early exit: the target's first **{meta['frozen']}** decoder layers as they are, ") +
+        f"**{meta['trained']}** decoder layers trained (initialised from the target's layers {meta['frozen']}.."
+        f"{meta['frozen'] + meta['trained'] - 1}: {trained:,} parameters, the only weights shipped, in "
         f"{meta['dtype']}), a trained final norm, and the target's own output rows for the **{meta['keep']:,}** "
         f"tokens it predicts most often (they cover {meta['kept_coverage']:.3f} of its held-out next tokens; a token "
         "outside them is never drafted, and verification stays exact).",
@@ -255,7 +257,8 @@ def build_smol_card(threads: int | None = None) -> str:
         f"in {d['train_blocks']} blocks of up to {d['block']}: standard-library training files and the target's own "
         f"greedy answers to {d['requests']} chat requests cut from them (never HumanEval); loss smooth-L1 to the "
         f"target's final normed hidden state + {meta['training']['ce_weight']} x soft cross-entropy to its "
-        f"distribution over the kept tokens; {m['minutes']} min per candidate.",
+        f"distribution over the kept tokens; each candidate {m['minutes'] - meta['final_minutes']:g} min, the "
+        f"chosen one {m['minutes']:g} min in all.",
         f"- Held-out agreement (the draft's argmax equals the target's next token, teacher-forced on "
         f"{d['heldout_tokens']:,} held-out tokens, corpus files and answers): **{m['agreement']:.3f}** "
         f"(untrained: {m['agreement_untrained']:.3f}).",
@@ -283,9 +286,9 @@ def build_smol_card(threads: int | None = None) -> str:
         "",
         "## A greedy answer of the target (48 tokens, HumanEval-style request)",
         "",
-        "```",
+        "````",  # four: the answer holds a fence of three
         pair.chat_text(prompt, "humaneval") + sample,
-        "```",
+        "````",
         "",
         f"Measured on {cpu_model_name()} with {torch.get_num_threads()} threads, torch "
         f"{torch.__version__}.",

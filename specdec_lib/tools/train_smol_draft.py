@@ -277,7 +277,7 @@ def main(argv=None):
     row, draft = best
     extra = dict(chosen_by=f"the best expected speedup of a greedy chain at this machine's cost ratio, each "
                            f"candidate trained {args.minutes} min; the winner then {args.final_minutes} min more",
-                 measured=row, candidates=results, kept_coverage=round(coverage, 4),
+                 measured=row, candidates=results, kept_coverage=round(coverage, 4), final_minutes=args.final_minutes,
                  data=dict(block=BLOCK, corpus_tokens=args.corpus_tokens, requests=args.requests,
                            new_tokens=args.new_tokens, train_blocks=len(train_data["ids"]),
                            heldout_blocks=len(held["ids"]), train_tokens=int(train_data["mask"].sum()),
