@@ -84,6 +84,12 @@ class ModelPair:
         return self.tokenizer.decode(list(ids))
 
 
+def cache_root() -> Path:
+    """$SPECDEC_CACHE, else ~/.cache/specdec_lib: where what is built or measured here is kept (frozen tables,
+    cost curves, the dequantised real model, the smol draft's training data)."""
+    return Path(os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "specdec_lib")
+
+
 def resolve_device(device="auto") -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

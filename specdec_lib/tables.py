@@ -22,7 +22,7 @@ import numpy as np
 
 from .checks import check_int
 from .mechanisms.ngram_table import FrozenNgramTable, tokenizer_meta
-from .models import DATA_DIR, vocab_size
+from .models import DATA_DIR, cache_root, vocab_size
 
 def build_frozen_table(tokenizer, texts, leader_len=1, follower_len=3, leader_capacity=2**20,
                        follower_capacity=128, progress=True, batch_size=256, text_column="text"):
@@ -50,9 +50,7 @@ def frozen_table_path(leader_len: int = 1, follower_len: int = 3, name: str = "t
 
 def table_cache_dir() -> Path:
     """Where tables built on demand are kept: $SPECDEC_CACHE/tables, else ~/.cache/specdec_lib/tables."""
-    import os
-    root = os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "specdec_lib"
-    return Path(root) / "tables"
+    return cache_root() / "tables"
 
 
 def cached_table_path(tokenizer, leader_len: int, follower_len: int, leader_capacity: int = 2**20,

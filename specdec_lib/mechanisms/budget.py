@@ -46,13 +46,13 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
 from ..checks import check_int
+from ..models import cache_root
 
 AUTO = "auto"
 CURVE_KIND = "loop verify + commit"  # in the cache key: curves timed another way (plain forwards) are re-measured
@@ -68,8 +68,7 @@ def is_auto(value) -> bool:
 
 def cost_cache_dir() -> Path:
     """Where measured curves are kept: $SPECDEC_CACHE/costs, else ~/.cache/specdec_lib/costs."""
-    root = os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "specdec_lib"
-    return Path(root) / "costs"
+    return cache_root() / "costs"
 
 
 def _device_name(device) -> str:

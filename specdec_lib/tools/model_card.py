@@ -153,7 +153,7 @@ def heldout_metrics(model, tokenizer, tokens: int = 8192, block: int = 1024) -> 
     """Next-token loss (nats) and accuracy of `model` on the first `tokens` of the held-out standard-library files
     (each file on its own, in blocks of `block` tokens)."""
     from ..corpus import load_corpus
-    from ..smol import cache_root
+    from ..models import cache_root
 
     losses, hits = [], []
     for text in load_corpus(cache_root() / "corpus")["heldout"]["text"]:

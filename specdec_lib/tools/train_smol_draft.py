@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from ..exit_draft import build_exit_draft, save_exit_draft, trained_parameters
-from ..smol import cache_root, ensure_smol_dir
+from ..models import cache_root
+from ..smol import ensure_smol_dir
 
 BLOCK = 256
 CANDIDATES = ((0, 2), (2, 2), (4, 1))  # (frozen, trained): a small distilled draft, and two early exits
