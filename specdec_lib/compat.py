@@ -26,6 +26,11 @@ handled here (the rest of the library, the tests and the notebooks call these, n
   sets exactly; on a CPU it is torch's fused flash kernel (`_scaled_dot_product_flash_attention_for_cpu`, a
   private op: float32/float64/bf16, masks allowed), elsewhere the scores are formed explicitly.
 
+- **Prepacked linear weights** (torch, CPU): `packed_linear_ops()` gives oneDNN's weight reorder and linear
+  (`torch.ops.mkldnn._reorder_linear_weight`, `_linear_pointwise`: private ops, what inductor's CPU freezing
+  calls), checked once against `F.linear`; None where they are missing or disagree (prepack.py then keeps
+  `F.linear`).
+
 Simplifications: batch size 1 for `query_rows`; `crop` serves full-attention (DynamicLayer) caches.
 """
 from __future__ import annotations
@@ -168,3 +173,29 @@ def attention_with_lse(query, key, value, mask=None, scale=None):
         scores = scores + mask.to(exact)
     lse = scores.logsumexp(-1)
     return ((scores - lse[..., None]).exp().to(value.dtype) @ value), lse
+
+
+@lru_cache(maxsize=1)
+def packed_linear_ops():
+    """(pack, linear) with pack(weight) -> an opaque packed weight and linear(x, packed, bias) -> x @ W.T + b,
+    or None where this torch build lacks them (no oneDNN) or they disagree with F.linear on a probe."""
+    ops = getattr(torch.ops, "mkldnn", None)
+    if not torch.backends.mkldnn.is_available() or ops is None:
+        return None
+    try:
+        pack_op, linear_op = ops._reorder_linear_weight, ops._linear_pointwise
+
+        def pack(weight):
+            return pack_op(weight.detach(), None)
+
+        def linear(x, packed, bias):
+            return linear_op(x, packed, bias, "none", [], "")
+
+        generator = torch.Generator().manual_seed(0)
+        weight, bias = torch.randn(24, 16, generator=generator), torch.randn(24, generator=generator)
+        x = torch.randn(1, 3, 16, generator=generator)
+        if not torch.allclose(linear(x, pack(weight), bias), torch.nn.functional.linear(x, weight, bias), atol=1e-4):
+            return None
+    except (AttributeError, RuntimeError):
+        return None
+    return pack, linear

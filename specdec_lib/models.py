@@ -221,7 +221,7 @@ def _load_one(source: str, device, dtype, offline_hint: bool, context: int | Non
     return model.to(device).eval()
 
 
-def load_models(spec="tiny", device="auto", dtype="auto", context: int | None = None) -> ModelPair:
+def load_models(spec="tiny", device="auto", dtype="auto", context: int | None = None, prepack="auto") -> ModelPair:
     """Load (target, draft, tokenizer).
 
     spec: "tiny" (the pair under data/models), "tiny-long" (the same at TINY_LONG_CONTEXT positions), "smol"
@@ -230,11 +230,37 @@ def load_models(spec="tiny", device="auto", dtype="auto", context: int | None = 
     CPU or when the hub pair cannot be loaded (offline); "auto" prints which pair it loaded and why.
     context: read both models at this many positions through YaRN rope scaling (config only, no new weights);
     it must exceed what they were trained at.
+    prepack: "auto" packs both models' linear weights once for oneDNN on a CPU in float32 (prepack.py: a forward
+    of a few rows then costs about one row's, as on a GPU); True requires it, False keeps torch's F.linear.
     """
+    pair = _load_pair(spec, device, dtype, context)
+    _apply_prepack(pair, prepack)
+    return pair
+
+
+def _apply_prepack(pair: ModelPair, prepack) -> None:
+    """Pack the pair's linear weights (or not), saying which in pair.choices["linear"]."""
+    from . import prepack as packing
+
+    if prepack not in ("auto", True, False):
+        raise ValueError(f"prepack must be 'auto', True or False, got {prepack!r}")
+    dtype = next(pair.target.parameters()).dtype
+    wanted, why = packing.should_prepack(pair.device, dtype)
+    if prepack is True and not wanted:
+        raise ValueError(f"prepack=True cannot apply here: {why.removeprefix('plain: ')}")
+    if prepack is False:
+        wanted, why = False, "plain: prepack=False (torch's F.linear)"
+    if wanted:
+        packing.prepack(pair.target)
+        packing.prepack(pair.draft)
+    pair.choices = {**(pair.choices or {}), "linear": why}
+
+
+def _load_pair(spec, device, dtype, context) -> ModelPair:
     from transformers import AutoTokenizer
 
     if spec == "tiny-long":
-        return load_models("tiny", device, dtype, context=context or TINY_LONG_CONTEXT)
+        return _load_pair("tiny", device, dtype, context or TINY_LONG_CONTEXT)
     if context is not None:
         check_int("context", context, 2)
     if spec == "auto":
@@ -295,15 +321,15 @@ def _load_auto(device, dtype, context=None) -> ModelPair:
     settings = dict(device=resolved, dtype=resolve_dtype(dtype, resolved))
     if resolved.type != "cuda":
         which = f"the shipped tiny pair (no GPU: the hub pair {HUB_PAIR} is for GPUs)"
-        pair = load_models("tiny", **settings, context=context)
+        pair = _load_pair("tiny", **settings, context=context)
     else:
         try:
-            pair = load_models(HUB_PAIR, **settings, context=context)
+            pair = _load_pair(HUB_PAIR, **settings, context=context)
             which = f"the hub pair target={HUB_PAIR[0]}, draft={HUB_PAIR[1]}"
         except (ValueError, OSError) as err:  # offline, or the hub refused: the tiny pair runs everywhere
             which = (f"the shipped tiny pair (the hub pair {HUB_PAIR} could not be loaded: "
                      f"{str(err).splitlines()[0][:200]})")
-            pair = load_models("tiny", **settings, context=context)
+            pair = _load_pair("tiny", **settings, context=context)
     pair.choices = describe_choices(device, dtype, resolved)
     print(f"MODELS='auto': {which}\n  device {pair.choices['device']}\n  dtype {pair.choices['dtype']}")
     return pair

@@ -83,14 +83,16 @@ def _device_name(device) -> str:
 
 def model_key(model) -> dict:
     """What a curve is valid for: device name, model identity (name_or_path, parameter count, config hash),
-    dtype, the torch version, and what was timed."""
+    dtype, its linear kernels (prepack.py), the torch version, and what was timed."""
     import torch
+
+    from ..prepack import is_prepacked
     param = next(model.parameters())
     config = json.dumps(model.config.to_dict(), sort_keys=True, default=str)
     return dict(device=_device_name(param.device), model=str(getattr(model.config, "name_or_path", "") or ""),
                 params=int(sum(p.numel() for p in model.parameters())),
                 config=hashlib.sha256(config.encode()).hexdigest()[:16], dtype=str(param.dtype),
-                torch=torch.__version__, timed=CURVE_KIND)
+                linear="prepacked" if is_prepacked(model) else "plain", torch=torch.__version__, timed=CURVE_KIND)
 
 
 class CostCurve:

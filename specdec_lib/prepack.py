@@ -1,0 +1,95 @@
+"""Prepacked linear weights on a CPU: why a forward of 8 rows can cost about what one row costs.
+
+Decoding one token multiplies a row vector by every weight matrix: the time is reading the weights from memory
+(memory-bound), so rows 2..8 should ride along nearly free, which is the whole premise of speculative decoding.
+On a CPU, torch's `F.linear` sends one row to a matrix-vector kernel but two or more rows to a general matrix
+multiply that first copies ("packs") the weight into its blocked layout, on every call: on the 2-core machine
+this workbook is measured on, SmolLM2-135M's 49,152 x 576 head takes ~13 ms for one row and ~30 ms for two,
+and a whole forward of 4 rows cost ~1.8x one row. Packing each weight once, at load time (oneDNN's reordered
+weight, what `torch.compile`'s CPU freezing does), removes that copy: the head then takes ~8 ms for 1 row,
+~8 ms for 2, ~14 ms for 8, and the cost curve t(rows) becomes the memory-bound one the papers assume
+(notebook 00, section 3, measures both).
+
+`prepack(model)` turns every `nn.Linear` of a model into a `PackedLinear` (the same module, parameters and
+state dict, one more cached tensor): exact same math, float32 rounding differences only (~1e-6 relative; the
+greedy parity tests compare each method with HF greedy on the same model, so both read the same kernels).
+The packed copy is used only where it is valid, else `F.linear` runs as before:
+- float32 on a CPU, without autograd (training a copy of a layer reads the live weight);
+- the weight unchanged since it was packed (same storage, same version counter: an optimizer step, a load or
+  `.to()` repacks).
+
+Simplifications: float32 only (oneDNN's bf16 path needs AVX512-BF16, which this machine lacks); the packed
+copy doubles the weights' memory (the original is kept: state dicts, training and float64 checks read it).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from . import compat
+
+
+class PackedLinear(nn.Linear):
+    """An nn.Linear whose forward reads a weight packed once for oneDNN (see the module doc)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
+        ops = compat.packed_linear_ops()
+        if (ops is None or torch.is_grad_enabled() or x.dtype != torch.float32 or x.device.type != "cpu"
+                or self.weight.dtype != torch.float32):
+            return F.linear(x, self.weight, self.bias)
+        pack, linear = ops
+        # the storage and its version counter (bumped by every in-place change: an optimizer step, a load)
+        weight = self.weight  # an inference tensor (made under torch.inference_mode) keeps no version counter
+        version = (weight.data_ptr(), -1 if weight.is_inference() else weight._version)
+        if self.__dict__.get("_packed_version") != version:
+            self.__dict__["_packed"] = pack(self.weight)
+            self.__dict__["_packed_version"] = version
+        return linear(x, self.__dict__["_packed"], self.bias)
+
+    def __getstate__(self):
+        # the packed tensor is opaque (no storage to copy or pickle): copies repack on their first forward
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
+        return {k: v for k, v in state.items() if k not in ("_packed", "_packed_version")}
+
+
+def available() -> bool:
+    """Whether this torch build has oneDNN's packed linear (it answers the same as F.linear)."""
+    return compat.packed_linear_ops() is not None
+
+
+def prepack(model: nn.Module) -> int:
+    """Turn `model`'s nn.Linear layers into PackedLinear in place (nothing else changes); returns how many."""
+    count = 0
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            module.__class__ = PackedLinear
+            count += 1
+    return count
+
+
+def unpack(model: nn.Module) -> int:
+    """Back to plain nn.Linear (the packed copies dropped); returns how many."""
+    count = 0
+    for module in model.modules():
+        if type(module) is PackedLinear:
+            module.__dict__.pop("_packed", None)
+            module.__dict__.pop("_packed_version", None)
+            module.__class__ = nn.Linear
+            count += 1
+    return count
+
+
+def is_prepacked(model: nn.Module) -> bool:
+    return any(type(m) is PackedLinear for m in model.modules())
+
+
+def should_prepack(device: torch.device, dtype: torch.dtype) -> tuple[bool, str]:
+    """What load_models' prepack="auto" does on `device` in `dtype`, and why."""
+    if device.type != "cpu":
+        return False, f"plain: {device.type} kernels need no prepacking"
+    if dtype != torch.float32:
+        return False, f"plain: prepacking serves float32 only, this pair is {str(dtype).removeprefix('torch.')}"
+    if not available():
+        return False, "plain: this torch build has no oneDNN packed linear"
+    return True, "prepacked: oneDNN weights packed once (a forward of a few rows costs about one row's)"
