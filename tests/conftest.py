@@ -76,6 +76,15 @@ def random_lm(kind: str = "llama", vocab: int = 97, layers: int = 2, hidden: int
     return model
 
 
+def with_head(target, steps: int = 150):
+    """`target` with an EAGLE head trained here on its own greedy text (random models ship none)."""
+    from specdec_lib.eagle_head import attach_head
+    from specdec_lib.tools.train_eagle import quick_head
+
+    attach_head(target, quick_head(target, steps=steps, sequences=8, length=64))
+    return target
+
+
 def all_match_hf(table, column: str = "all_match_hf", key: str = "method") -> bool:
     """Every row but hf's reproduced hf's tokens, and hf's own rows are not compared with themselves (None)."""
     reference = table[key] == "hf"

@@ -24,7 +24,7 @@ from specdec_lib.bench.lossless import lossless_check
 from specdec_lib.mechanisms import verify
 from specdec_lib.mechanisms.ngram_table import NgramTable
 
-from conftest import SHIPPED_PROMPTS, random_lm, repeating_prompt
+from conftest import SHIPPED_PROMPTS, random_lm, repeating_prompt, with_head
 
 ALL = sorted(METHODS)
 pytestmark = [pytest.mark.usefixtures("one_thread"),
@@ -66,8 +66,9 @@ def check_schema(stats):
 
 @pytest.fixture(scope="module")
 def random_pairs():
-    """{(kind, seed): (target, draft)}: peaked random float64 models, a 1-layer draft of the same family."""
-    return {(kind, seed): (random_lm(kind, seed=seed, layers=3, logit_scale=20.0),
+    """{(kind, seed): (target, draft)}: peaked random float64 models, a 1-layer draft of the same family; each
+    target with an EAGLE head trained on its own text."""
+    return {(kind, seed): (with_head(random_lm(kind, seed=seed, layers=3, logit_scale=20.0)),
                            random_lm(kind, seed=seed + 100, layers=1, logit_scale=20.0))
             for kind in ("llama", "qwen2") for seed in (0, 1)}
 
@@ -153,7 +154,7 @@ SETTINGS = {  # (continuation length, sampling settings, seeded runs)
 def peaked():
     """Vocab 8, peaked p and an unrelated q (many rejections: the residual matters); the prompt ends in the
     target's own greedy loop, so tables and lookups propose drafts that are often accepted under sampling."""
-    target = random_lm("llama", vocab=8, layers=1, hidden=16, seed=3, logit_scale=20.0)
+    target = with_head(random_lm("llama", vocab=8, layers=1, hidden=16, seed=3, logit_scale=20.0))
     draft = random_lm("qwen2", vocab=8, layers=1, hidden=16, seed=2, logit_scale=20.0)
     base = [1, 2, 3]
     ids = torch.tensor([base + generate("autoregressive", target, base, 12).new_tokens])
@@ -229,7 +230,7 @@ def test_negative_control_lossy_tree_walk_fails(peaked, monkeypatch, method):
 
 def _looping_case():
     """A prompt of distinct tokens after which greedy decoding falls into a loop that the prompt never shows."""
-    target = random_lm("llama", vocab=97, layers=2, seed=11, logit_scale=20.0)
+    target = with_head(random_lm("llama", vocab=97, layers=2, seed=11, logit_scale=20.0))
     prompt = torch.randperm(97, generator=torch.Generator().manual_seed(5))[:16][None]
     return target, prompt
 

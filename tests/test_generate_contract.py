@@ -12,7 +12,7 @@ import specdec_lib
 from specdec_lib import METHODS, generate
 from specdec_lib.methods.peers import accept_lengths_from_starts
 
-from conftest import random_lm, repeating_prompt
+from conftest import random_lm, repeating_prompt, with_head
 
 GREEDY_METHODS = [m for m in sorted(METHODS) if m != "hf"]
 
@@ -34,7 +34,7 @@ def test_shipped_pair_float32_parity_and_speculation(tiny_pair):
 
 def test_eos_none_never_stops_even_at_the_models_default_eos():
     """eos_token_id=None means no EOS stop, also for HF, whose generation_config carries a default EOS."""
-    target = random_lm("llama", seed=3, logit_scale=20.0)
+    target = with_head(random_lm("llama", seed=3, logit_scale=20.0))
     draft = random_lm("llama", seed=4, layers=1, logit_scale=20.0)
     ids = repeating_prompt(12, 3)
     free = generate("autoregressive", target, ids, 30).new_tokens
@@ -138,7 +138,7 @@ def test_bad_input_gets_clear_error(kwargs, error, match):
 
 
 def test_prompt_exactly_at_the_context_limit_is_fine():
-    target = random_lm("llama", seed=8, context=64)
+    target = with_head(random_lm("llama", seed=8, context=64))
     ids = torch.randint(0, 97, (1, 60), generator=torch.Generator().manual_seed(0))
     reference = generate("hf", target, ids, 4).new_tokens  # 60 + 4 == 64: the last token is never fed
     for method in GREEDY_METHODS:

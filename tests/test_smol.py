@@ -56,7 +56,7 @@ def test_smol_greedy_text_is_sensible(smol_pair):
 
 # every method (the loop's proposers, the card modes, HF's three decoders) against hf, token for token, float64
 LOSSLESS = ["autoregressive", "prompt_lookup", "cacheback", "draft_model", "lookahead", "fafo", "card",
-            "card@mode=thread", "card@mode=process", "hf_prompt_lookup", "hf_assisted"]
+            "card@mode=thread", "card@mode=process", "hf_prompt_lookup", "hf_assisted", "eagle"]
 
 
 def test_every_method_is_lossless_on_the_real_pair(smol_pair):

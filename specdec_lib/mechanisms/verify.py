@@ -85,13 +85,17 @@ class Proposal:
     budget a proposer chose for the step under the key "draft_size"), and `carry`: what the proposer's own
     `observe` needs of this step (it gets the proposal back as verdict.proposal), kept off the proposer.
     `compressed_root`: the root row sees C(kv) only, like a compressed side row (decoding under a KV
-    compression, not lossless; the target's cache must be a flex_layout.FlexLayoutStore)."""
+    compression, not lossless; the target's cache must be a flex_layout.FlexLayoutStore).
+    `features`: the proposer reads the target's final hidden states (EAGLE's head): the rows come back as
+    RowLogits whatever the loop's lazy_head, and the committed tokens this forward feeds before the root (the
+    prompt on step 1) keep theirs in `RowLogits.context`."""
     tree: DraftTree
     q: torch.Tensor | None = None  # (n, V)
     side: SideRows | None = None
     info: dict = field(default_factory=dict)
     carry: dict = field(default_factory=dict)
     compressed_root: bool = False
+    features: bool = False
 
     def capped(self, max_depth: int) -> "Proposal":
         """The proposal without nodes deeper than max_depth (what can still be emitted); topology kept."""
@@ -134,8 +138,9 @@ class RowLogits:
     The walk reads 1 + k of the R rows, so projecting all R hidden states through the LM head (R x hidden x V
     multiply-adds: a sixth of the tiny target's work per row) is mostly wasted on a CPU."""
 
-    def __init__(self, hidden: torch.Tensor, head):
+    def __init__(self, hidden: torch.Tensor, head, context: torch.Tensor | None = None):
         self.hidden, self.head, self._rows = hidden, head, {}  # hidden (R, H)
+        self.context = context  # (C, H): committed rows fed before the root, when a proposal asked (features)
         self.shape = (hidden.shape[0], head.out_features)
 
     def __len__(self) -> int:
@@ -227,22 +232,33 @@ def forward_proposal(target, cache, proposal: Proposal, pending: list[int], lazy
     if ((side is not None and side.compressed) or proposal.compressed_root) and spec.backend != ATTENTION_NAME:
         raise ValueError("compressed rows read C(kv) from a flex_layout.FlexLayoutStore: the target must be "
                          "attached to one (the proposer's target_cache)")
+    if proposal.features and not spec.lazy_ok:
+        raise ValueError("this proposer reads the target's final hidden states, which needs a model whose logits "
+                         f"are lm_head(hidden) ({sorted(PLAIN_HEAD_MODELS)})")
+    context = None
     if len(pending) > 1 and (len(proposal.tree) or (side is not None and len(side))):  # a masked forward
-        prefill(target, cache, pending[:-1], spec)
+        context = prefill(target, cache, pending[:-1], spec, proposal.features)
         pending = pending[-1:]
     inputs, keep = build_forward(proposal, pending, kv_cache.cache_length(cache), spec.backend, spec.dtype,
                                  spec.device, cache)
+    if proposal.features:
+        before = len(pending) - 1  # committed rows fed with the root in this forward (a plain first step)
+        rows = run_forward(target, cache, inputs, keep + before, True, checked=True)
+        return RowLogits(rows.hidden[before:], rows.head, context if context is not None else rows.hidden[:before])
     return run_forward(target, cache, inputs, keep, lazy and spec.lazy_ok, checked=True)
 
 
-def prefill(target, cache, tokens: list[int], spec: ForwardSpec) -> None:
+def prefill(target, cache, tokens: list[int], spec: ForwardSpec, hidden: bool = False):
     """Feed `tokens` (the committed tokens the cache lacks but the root: the prompt, on the first step) in a
     causal forward of their own, before a step's masked forward: with no mask the attention takes its causal
     kernel (a P x P mask would cost the prompt's prefill several times over at long context), and only the
-    step's own rows meet a mask. The logits are not read."""
+    step's own rows meet a mask. The logits are not read; `hidden`: return the final hidden states (T, H)."""
     inputs, _ = build_forward(Proposal(DraftTree(tokens[-1])), tokens, kv_cache.cache_length(cache), spec.backend,
                               spec.dtype, spec.device, cache)
+    if hidden:
+        return compat.forward(target.model, cache=cache, use_cache=True, **inputs).last_hidden_state[0]
     compat.forward(target, cache=cache, use_cache=True, logits_to_keep=1, **inputs)
+    return None
 
 
 def run_forward(target, cache, inputs: dict, keep: int, lazy: bool = True, checked: bool = False):

@@ -43,7 +43,7 @@ from ..mechanisms.flex_backend import choose_attention
 from ..models import gpu_name, load_models, resolve_dtype, resolve_device
 
 BENCH_METHODS = ("hf,autoregressive,hf_prompt_lookup,hf_assisted,prompt_lookup,draft_model,cacheback,"
-                 "cacheback@tdl=96+crt=16,lookahead,fafo,card,card@mode=process").split(",")
+                 "cacheback@tdl=96+crt=16,lookahead,fafo,card,card@mode=process,eagle").split(",")
 # CARD on one GPU: a second stream, or the CPU cores beside it (card@mode=process alone cannot draft on CUDA)
 GPU_CARD = ["card@mode=thread", "card@mode=thread+draft_device=cpu", "card@mode=process+draft_device=cpu"]
 # (name, Qwen2 config) of the hub pair (models.HUB_PAIR): Qwen2.5-1.5B and -0.5B's shapes, random weights

@@ -14,6 +14,7 @@ import argparse
 import json
 import platform
 from pathlib import Path
+import time
 
 import torch
 
@@ -241,8 +242,11 @@ def build_smol_card(threads: int | None = None) -> str:
                      + " |")
     lines += [
         "",
-        "A verify step that checks a few drafted tokens costs well above one row here (the weights' arithmetic "
-        "scales with the rows on a CPU): drafts must be accepted often to pay for themselves.",
+        f"The model's linear layers run on weights packed once for oneDNN ({pair.choices['linear']}; "
+        "`prepack.py`): a verify step of 8 rows costs "
+        f"{curves[256][8] / curves[256][1]:.2f}x a one-row step here at a 256-token prefix, "
+        f"{curves[2048][8] / curves[2048][1]:.2f}x at 2048: such a step pays only when it yields more tokens than "
+        "that on average (plus the draft's own time).",
         "",
         "## The draft (`data/models/smol-draft`, `exit_draft.py`)",
         "",
@@ -297,11 +301,80 @@ def build_smol_card(threads: int | None = None) -> str:
     return "\n".join(lines)
 
 
+@torch.inference_mode()
+def build_eagle_card(folder: Path, models: str) -> str:
+    """The card of an EAGLE head (eagle_head.py) from its eagle.json, with its cost measured here."""
+    from ..eagle_head import load_head
+
+    pair = load_models(models, device="cpu", dtype=torch.float32)
+    head = load_head(folder, pair.target)
+    meta = json.loads((folder / "eagle.json").read_text())
+    m, d, t = meta["measured"], meta["data"], meta["training"]
+    target_ms = forward_cost(pair.target, rows=(1,), prefix=256, repeats=20, warmup=3)["median_ms"].iloc[0]
+    embed, dim = pair.target.get_input_embeddings(), pair.target.config.hidden_size
+    cache_ids = torch.randint(0, embed.num_embeddings, (1, 256))
+    costs = {}
+    for rows in (1, 8):
+        times = []
+        for _ in range(20):  # one catch-up of 256 rows, then a forward of `rows` rows with the target's head
+            from transformers import DynamicCache
+
+            cache = DynamicCache()
+            head(torch.zeros(1, 256, dim), embed(cache_ids), torch.arange(256)[None], None, cache)
+            ids = cache_ids[:, :rows]
+            start = time.perf_counter()
+            out = head(torch.zeros(1, rows, dim), embed(ids), torch.arange(256, 256 + rows)[None],
+                       torch.ones(1, 1, rows, 256 + rows, dtype=torch.bool), cache)
+            head.logits(pair.target, out[0])[0].topk(8, dim=-1)
+            times.append((time.perf_counter() - start) * 1e3)
+        costs[rows] = sorted(times)[len(times) // 2]
+    params = sum(p.numel() for p in head.parameters())
+    target_params = sum(p.numel() for p in pair.target.parameters())
+    chain = ", ".join(f"{a:.2f}" for a in m["chain_acceptance"])
+    kept = (f"the target's output rows of the **{meta['keep']:,}** tokens it predicts most often (FR-Spec: a token "
+            "outside them is never drafted; verification stays exact)" if meta["keep"] else
+            "the target's own LM head over the whole vocabulary")
+    data = (f"the target's own greedy answers to {d['requests']} chat requests and standard-library files"
+            if d.get("requests") else
+            f"standard-library files (about {d['corpus_tokens']:,} tokens) and the target's own greedy continuations of "
+            f"{d.get('continuations', 0)} openings cut from them")
+    return "\n".join([
+        f"# EAGLE head for the {meta['pair']} target (model card)",
+        "",
+        f"`generate(\"eagle\", target, ...)` finds it by the target's fingerprint (`eagle_head.head_for`). Written by "
+        f"`python -m specdec_lib.tools.model_card --eagle {folder} --models {models}` on the CPU named below.",
+        "",
+        f"- What: `EagleHead` (`specdec_lib/eagle_head.py`): fc([feature; embedding]) -> one decoder layer of the "
+        f"target's own class -> norm, read out through {kept}. {params:,} parameters "
+        f"({params / target_params:.1%} of the target's {target_params:,}), float16 on disk.",
+        f"- Trained by `tools/train_eagle.py` on this CPU for {t['minutes']:g} min ({t['steps']} steps of {t['batch']} "
+        f"blocks of {d['block']} tokens, lr {t['lr']}, cosine) on {d['train_tokens']:,} tokens: {data} (never "
+        f"HumanEval); loss smooth-L1 to the target's next normed hidden state + {t['ce_weight']} x soft cross-entropy "
+        f"to its next-token distribution, uniform noise {t['noise']} x RMS on the input features.",
+        f"- Held-out top-1 agreement with the target (teacher-forced, {d['heldout_tokens']:,} tokens): "
+        f"**{m['agreement']:.3f}** (untrained: {m['agreement_untrained']:.3f}).",
+        f"- Acceptance of a greedy chain the head drafts free-running on held-out text, depth 1..{len(m['chain_acceptance'])}"
+        f" (P(depth d accepted | d - 1 accepted)): {chain}.",
+        f"- Cost on this CPU after a 256-token context: one head forward of 1 row with its read-out "
+        f"**{costs[1]:.2f} ms**, of 8 rows {costs[8]:.2f} ms, against {target_ms:.1f} ms for one target forward of "
+        f"1 row ({costs[1] / target_ms:.3f} of it).",
+        "",
+        f"Measured on {cpu_model_name()} with {torch.get_num_threads()} threads, torch {torch.__version__}.",
+        "",
+    ])
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=str(TINY_DIR))
     parser.add_argument("--smol", action="store_true", help="write data/models/smol-draft/README.md instead")
+    parser.add_argument("--eagle", default=None, help="an EAGLE head's folder: write its README.md (--models: the pair)")
     args = parser.parse_args(argv)
+    if args.eagle:
+        card = build_eagle_card(Path(args.eagle), args.models)
+        (Path(args.eagle) / "README.md").write_text(card)
+        print(card)
+        return
     if args.smol:
         from ..models import SMOL_DRAFT_DIR
 

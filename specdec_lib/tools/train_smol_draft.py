@@ -182,6 +182,34 @@ def cost_ratio(target, draft) -> float:
     return d / t
 
 
+def data_name(corpus_tokens: int, requests: int, new_tokens: int, seed: int) -> str:
+    return f"data_c{corpus_tokens}_r{requests}_n{new_tokens}_s{seed}.pt"
+
+
+def chat_data(pair, corpus_tokens: int, requests: int, new_tokens: int, seed: int) -> dict:
+    """{"splits": {"train"|"heldout": {"ids", "mask", "feats", "corpus_blocks"}}, "seconds"}: steps 1-2 of the
+    module doc for a chat pair, cached under $SPECDEC_CACHE/smol-draft (the EAGLE head's trainer reads it too)."""
+    work = cache_root() / "smol-draft"
+    work.mkdir(parents=True, exist_ok=True)
+    data_file = work / data_name(corpus_tokens, requests, new_tokens, seed)
+    if data_file.is_file():
+        return torch.load(data_file)
+    t0 = time.time()
+    print("1. data: the corpus and the target's own answers", flush=True)
+    splits = {}
+    for split, tokens, n_requests, split_seed in (("train", corpus_tokens, requests, seed),
+                                                  ("heldout", corpus_tokens // 6, requests // 6, seed + 1)):
+        blocks = corpus_blocks(pair.tokenizer, split, tokens, split_seed)
+        answers = own_answers(pair, split, n_requests, new_tokens, split_seed)
+        blocks += [b for a in answers for b in _blocks(a)]
+        print(f"2. target features ({split}: {len(blocks)} blocks)", flush=True)
+        ids, mask, feats = target_features(pair.target, blocks)
+        splits[split] = dict(ids=ids, mask=mask, feats=feats, corpus_blocks=len(blocks) - len(answers))
+    data = dict(splits=splits, seconds=time.time() - t0)
+    torch.save(data, data_file)
+    return data
+
+
 def main(argv=None):
     from ..bench.costs import expected_speedup
     from ..models import ModelPair
@@ -208,25 +236,9 @@ def main(argv=None):
     target = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(folder)
     pair = ModelPair(target=target, draft=None, tokenizer=tok, device=torch.device("cpu"), name="smol", chat=True)
+    data = chat_data(pair, args.corpus_tokens, args.requests, args.new_tokens, args.seed)
     work = cache_root() / "smol-draft"
-    work.mkdir(parents=True, exist_ok=True)
-    data_file = work / f"data_c{args.corpus_tokens}_r{args.requests}_n{args.new_tokens}_s{args.seed}.pt"
-    if data_file.is_file():
-        data = torch.load(data_file)
-    else:
-        t0 = time.time()
-        print("1. data: the corpus and the target's own answers", flush=True)
-        splits = {}
-        for split, tokens, requests, seed in (("train", args.corpus_tokens, args.requests, args.seed),
-                                              ("heldout", args.corpus_tokens // 6, args.requests // 6, args.seed + 1)):
-            blocks = corpus_blocks(tok, split, tokens, seed)
-            answers = own_answers(pair, split, requests, args.new_tokens, seed)
-            blocks += [b for a in answers for b in _blocks(a)]
-            print(f"2. target features ({split}: {len(blocks)} blocks)", flush=True)
-            ids, mask, feats = target_features(target, blocks)
-            splits[split] = dict(ids=ids, mask=mask, feats=feats, corpus_blocks=len(blocks) - len(answers))
-        data = dict(splits=splits, seconds=time.time() - t0)
-        torch.save(data, data_file)
+    data_file = work / data_name(args.corpus_tokens, args.requests, args.new_tokens, args.seed)
     train_data, held = data["splits"]["train"], data["splits"]["heldout"]
     held_next = target_next(target, held["feats"])
     train_next = target_next(target, train_data["feats"])

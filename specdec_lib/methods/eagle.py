@@ -1,0 +1,211 @@
+"""EAGLE-2: a feature-level head drafts a dynamic tree, the target verifies it in one forward (a loop proposer).
+
+Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty" (the head: eagle_head.py)
+and "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees" (the tree). One step, the root
+c_T at position T (committed, not yet in the target's cache), the head's cache holding rows 0..T-2:
+
+1. catch up: feed the head the rows whose features the last verify forward computed: (f_t, embed(c_{t+1})) for
+   the root and accepted tokens of the last step (the whole prompt on step 2). Its last row predicts f^_T, read
+   by the target's LM head: the root's children (depth 1), the top `topk` tokens, each scored by its log-prob.
+2. expand (EAGLE-2's "expansion"): for depth d = 1 .. depth-1, the `topk` nodes of depth d with the best
+   *cumulative* log-prob (the product of the head's probabilities along the path: an estimate of the chance the
+   target accepts the path) each get a head row (f^ of their parent's row, embed(token)) at position T + d - 1,
+   seeing the committed rows and their own ancestors' rows (a tree mask); each row gives `topk` children.
+   A node whose score is below the `budget`-th best so far is not expanded (its children could not be kept),
+   so an unsure head stops drafting early.
+3. rerank: of every node drafted, keep the `budget` with the best cumulative log-prob. A child never scores
+   above its parent, so the kept set is a tree (parents come along on ties); ordered by depth, it is the
+   DraftTree the loop verifies, in ONE target forward with the tree mask (verify.py).
+4. observe: the verify forward's rows hold the target's final hidden state of the root and of every accepted
+   node (verify.RowLogits.hidden): they are the next step's catch-up features, so no extra target pass is paid.
+   The head's cache drops this step's tree rows (compat.crop) and keeps the exact ones.
+
+Step 1 has no features yet: it is a plain step whose forward keeps the prompt's hidden states (Proposal.features).
+
+The drafts are a deterministic function of the committed text (top-k, no coin), so the tree walk is lossless
+under greedy decoding and under sampling alike (verify.walk_tree draws each emitted token from the target's p).
+
+Budget: `budget` (tree nodes verified) is an int or "auto": chosen each step on this machine's cost curve by
+TreeBudget (mechanisms/budget.py) from the ladder BUDGET_LADDER; the same ranked list answers what any other
+budget would have yielded (its top b), so the counterfactuals cost nothing.
+
+Simplifications: the head's draft time is not priced by the budget chooser (it depends on topk and depth, not on
+the budget); the head reads normed features (eagle_head.py); sampling verifies the greedy top-k tree by the walk,
+not with EAGLE's recursive rejection sampling (lossless, a little lower acceptance); batch size 1.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from .. import compat
+from ..checks import check_int
+from ..eagle_head import EagleHead, head_for
+from ..loop import LoopState, Proposal, Proposer, register_proposer
+from ..mechanisms.budget import TreeBudget, check_budget, check_costs, chooser_stats, is_auto, reach, resolve_curve
+from ..mechanisms.draft_tree import ROOT, DraftTree
+
+BUDGET_LADDER = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # budget="auto" picks among these
+
+
+@register_proposer("eagle")
+class Eagle(Proposer):
+    """EAGLE-2: a head reading the target's last hidden state drafts a dynamic tree (top-k expansion, rerank).
+
+    budget: tree nodes verified per step (an int, or "auto" from the cost curve); topk: children per expanded
+    node and nodes expanded per depth; depth: draft depth; head: an EagleHead (default: the one trained for the
+    target, eagle_head.head_for)."""
+
+    def __init__(self, budget: int | str = "auto", topk: int = 8, depth: int = 6, head: EagleHead | None = None,
+                 costs=None):
+        self.budget = check_budget("budget", budget, 1)
+        self.topk, self.depth = check_int("topk", topk, 1), check_int("depth", depth, 1)
+        if head is not None and not isinstance(head, EagleHead):
+            raise TypeError(f"head must be an EagleHead, got {type(head).__name__}")
+        check_costs("budget", budget, costs=costs)
+        self.head, self.costs = head, costs
+
+    def start(self, state: LoopState) -> None:
+        req = state.request
+        self.target = req.target
+        head = self.head if self.head is not None else head_for(req.target)
+        if head.config.hidden_size != req.target.config.hidden_size:
+            raise ValueError(f"the head's width {head.config.hidden_size} is not the target's "
+                             f"{req.target.config.hidden_size}")
+        self.h = head
+        self.embed = req.target.get_input_embeddings()
+        self.device = next(req.target.parameters()).device
+        self.cache, self.exact = DynamicCache(), 0  # the head's cache; rows 0..exact-1 hold true features
+        self.pending: list[torch.Tensor] = []  # features (d,) of positions exact.. not yet fed to the head
+        self.chooser = None
+        if is_auto(self.budget):
+            self.chooser = TreeBudget(resolve_curve(self.costs, req.target, reach(req)), BUDGET_LADDER,
+                                      context=len(state.committed))
+        self.head_forwards = self.head_rows = 0
+
+    def _head(self, feats: torch.Tensor, tokens: list[int], positions: list[int], sees: torch.Tensor):
+        """One head forward: rows (feats (R, d), tokens) at `positions`, row i seeing the cached rows and the
+        new rows where sees[i] (R, R); returns the predicted features (R, d)."""
+        R, cached = len(tokens), int(self.cache.get_seq_length())
+        mask = torch.ones(R, cached + R, dtype=torch.bool, device=self.device)  # (R, K)
+        mask[:, cached:] = sees
+        ids = torch.tensor([tokens], device=self.device)  # (1, R)
+        pos = torch.tensor([positions], device=self.device)  # (1, R)
+        out = self.h(feats[None].to(self.embed.weight.dtype), self.embed(ids), pos, mask[None, None], self.cache)
+        self.head_forwards, self.head_rows = self.head_forwards + 1, self.head_rows + R
+        return out[0]  # (R, d)
+
+    def _children(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probs (R, topk), tokens (R, topk)) of the best children of each row's predicted feature."""
+        logits, ids = self.h.logits(self.target, hidden)  # (R, K or V)
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        top, idx = logp.topk(min(self.topk, logp.shape[-1]), dim=-1)  # (R, topk)
+        return top, (ids[idx] if ids is not None else idx)
+
+    def _draft(self, committed: list[int], max_depth: int, keep: int) -> list[tuple[float, int, int, int]]:
+        """Every node drafted this step: (cumulative log-prob, depth, token, parent's index in the list); only
+        what can enter the best `keep` is expanded."""
+        T = len(committed) - 1  # the root's position
+        if self.cache.get_seq_length() > self.exact:  # last step's tree rows
+            compat.crop(self.cache, self.exact)
+        n = len(self.pending)
+        if self.exact + n != T:
+            raise AssertionError(f"the head knows features up to {self.exact + n}, the root sits at {T}")  # catch up: positions exact .. T-1, features known, next tokens committed
+        feats = torch.stack(self.pending)  # (n, d)
+        positions = list(range(self.exact, self.exact + n))
+        out = self._head(feats, committed[self.exact + 1:T + 1], positions,
+                         torch.ones(n, n, dtype=torch.bool, device=self.device).tril())
+        self.exact += n
+        self.pending = []
+        nodes: list[tuple[float, int, int, int]] = []  # (score, depth, token, parent) in drafting order
+        logp, toks = self._children(out[-1:])
+        frontier = []
+        for lp, tok in zip(logp[0].tolist(), toks[0].tolist()):
+            nodes.append((lp, 1, tok, ROOT))
+            frontier.append(len(nodes) - 1)
+        parent_feat = {ROOT: out[-1]}
+        ancestors_rows: dict[int, list[int]] = {ROOT: []}
+        tree_rows = 0
+        for d in range(1, min(self.depth, max_depth)):
+            # a child never scores above its parent: a frontier node below the keep-th best score so far can
+            # add nothing to the kept tree, and when no node is above it, deeper depths are not drafted at all
+            floor = sorted((n[0] for n in nodes), reverse=True)[keep - 1] if len(nodes) >= keep else float("-inf")
+            expand = [i for i in sorted(frontier, key=lambda i: -nodes[i][0])[:self.topk] if nodes[i][0] > floor]
+            if not expand:
+                break
+            feats = torch.stack([parent_feat[nodes[i][3]] for i in expand])  # (E, d): the parent's prediction
+            rows = [tree_rows + j for j in range(len(expand))]
+            seen = []
+            for i, r in zip(expand, rows):
+                ancestors_rows[i] = ancestors_rows[nodes[i][3]] + [r]
+                seen.append(ancestors_rows[i])
+            total = tree_rows + len(expand)
+            sees = torch.zeros(len(expand), total, dtype=torch.bool, device=self.device)
+            for j, rs in enumerate(seen):
+                sees[j, rs] = True
+            # rows of earlier depths are already in the head's cache: pass the mask over all tree rows
+            out = self._head_tree(feats, [nodes[i][2] for i in expand], [T + d - 1] * len(expand), sees, tree_rows)
+            tree_rows = total
+            logp, toks = self._children(out)
+            frontier = []
+            for j, i in enumerate(expand):
+                parent_feat[i] = out[j]
+                base = nodes[i][0]
+                for lp, tok in zip(logp[j].tolist(), toks[j].tolist()):
+                    nodes.append((base + lp, d + 1, tok, i))
+                    frontier.append(len(nodes) - 1)
+        return nodes
+
+    def _head_tree(self, feats, tokens, positions, sees_tree: torch.Tensor, before: int):
+        """A head forward of tree rows: `sees_tree` (E, before + E) over this step's tree rows (the `before`
+        earlier ones are cached after the exact rows)."""
+        E, cached = len(tokens), int(self.cache.get_seq_length())
+        mask = torch.zeros(E, cached + E, dtype=torch.bool, device=self.device)  # (E, K)
+        mask[:, :self.exact] = True  # the committed text
+        mask[:, self.exact:] = sees_tree
+        ids = torch.tensor([tokens], device=self.device)
+        pos = torch.tensor([positions], device=self.device)
+        out = self.h(feats[None], self.embed(ids), pos, mask[None, None], self.cache)
+        self.head_forwards, self.head_rows = self.head_forwards + 1, self.head_rows + E
+        return out[0]
+
+    @staticmethod
+    def _tree(root: int, nodes, budget: int) -> DraftTree:
+        """The `budget` best nodes by cumulative log-prob, closed under parents, ordered by depth."""
+        best = sorted(range(len(nodes)), key=lambda i: (-nodes[i][0], nodes[i][1]))[:budget]
+        keep = set(best)
+        for i in best:  # ties can rank a child above its parent: bring parents along
+            p = nodes[i][3]
+            while p != ROOT and p not in keep:
+                keep.add(p)
+                p = nodes[p][3]
+        order = sorted(keep, key=lambda i: (nodes[i][1], i))
+        index = {old: new for new, old in enumerate(order)}
+        return DraftTree(root, [nodes[i][2] for i in order], [index.get(nodes[i][3], ROOT) for i in order])
+
+    def propose(self, state: LoopState, max_depth: int) -> Proposal:
+        root = state.committed[-1]
+        if not self.pending or max_depth < 1:  # step 1 (no features yet), or nothing more can be emitted
+            return Proposal(DraftTree(root), features=True)
+        if self.chooser is not None:
+            budget, others = self.chooser.choose(len(state.committed))
+            nodes = self._draft(state.committed, max_depth, max([budget, *others]))
+            carry = self.chooser.carry(others, lambda b: self._tree(root, nodes, b))
+        else:
+            budget, carry = self.budget, {}
+            nodes = self._draft(state.committed, max_depth, budget)
+        return Proposal(self._tree(root, nodes, budget), info=dict(draft_size=budget), carry=carry, features=True)
+
+    def observe(self, state: LoopState, verdict) -> None:
+        rows = verdict.logits  # RowLogits: row 0 the root, row i + 1 node i
+        if "regrow" in verdict.proposal.carry:
+            self.chooser.record_proposal(verdict.proposal, verdict.emitted)
+        kept = len(verdict.emitted) - 1  # accepted nodes that were committed (an EOS / length cut drops some)
+        feats = [rows.hidden[0]] + [rows.hidden[i + 1] for i in verdict.accepted[:kept]]
+        if rows.context is not None and len(rows.context):  # step 1: the prompt's rows before the root
+            feats = list(rows.context) + feats
+        self.pending.extend(feats)
+
+    def stats(self) -> dict:
+        return dict(config=dict(budget=self.budget, topk=self.topk, depth=self.depth), **chooser_stats(self.chooser),
+                    head_forwards=self.head_forwards, head_rows=self.head_rows)
