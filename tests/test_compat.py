@@ -19,15 +19,15 @@ import torch
 from specdec_lib import METHODS, compat, generate
 from specdec_lib.mechanisms import kv_cache
 
-from conftest import random_lm, repeating_prompt
+from conftest import random_lm, repeating_prompt, with_head
 
 PEERS = ["hf", "hf_prompt_lookup", "hf_assisted"]
 
 
 @pytest.fixture(scope="module")
 def pair():
-    return random_lm("llama", seed=0, layers=2, logit_scale=20.0), random_lm("llama", seed=1, layers=1,
-                                                                          logit_scale=20.0)
+    target = with_head(random_lm("llama", seed=0, layers=2, logit_scale=20.0))
+    return target, random_lm("llama", seed=1, layers=1, logit_scale=20.0)
 
 
 def test_cache_keyword_is_what_the_forward_declares(pair):
