@@ -330,7 +330,7 @@ def build_eagle_card(folder: Path, models: str) -> str:
         costs[rows] = sorted(times)[len(times) // 2]
     params = sum(p.numel() for p in head.parameters())
     target_params = sum(p.numel() for p in pair.target.parameters())
-    chain = ", ".join(f"{a:.2f}" for a in m["chain_acceptance"])
+    chain = ", ".join("not reached" if a is None else f"{a:.2f}" for a in m["chain_acceptance"])
     kept = (f"the target's output rows of the **{meta['keep']:,}** tokens it predicts most often (FR-Spec: a token "
             "outside them is never drafted; verification stays exact)" if meta["keep"] else
             "the target's own LM head over the whole vocabulary")

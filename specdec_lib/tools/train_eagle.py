@@ -263,7 +263,8 @@ def main(argv=None):
     chain = chain_acceptance(head, target, held)
     print(f"5. held-out agreement {after:.3f}; chain acceptance by depth {[round(a, 3) for a in chain]}", flush=True)
     extra = dict(pair=pair.name, measured=dict(agreement_untrained=round(before, 4), agreement=round(after, 4),
-                                                chain_acceptance=[round(a, 4) for a in chain]),
+                                                chain_acceptance=[None if math.isnan(a) else round(a, 4)
+                                                                  for a in chain]),  # None: depth never reached
                  data=dict(block=BLOCK, corpus_tokens=args.corpus_tokens, requests=args.requests if pair.chat else 0,
                            continuations=0 if pair.chat else args.continuations,
                            train_tokens=int(train_data["mask"].sum()), heldout_tokens=int(held["mask"].sum())),
