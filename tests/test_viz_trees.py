@@ -189,3 +189,31 @@ def test_tree_explorer_builds_and_updates():
     assert calls[-1] == (1, 1)
     w["prompt"].value = "hello hello hello"
     assert box.state["ids"] == FakePair().encode("hello hello hello")[0].tolist()
+
+
+def test_budget_explorer_draws_one_tree_per_shape_and_redraws_on_the_budget():
+    calls = []
+
+    def run(prompt, budget):
+        calls.append((prompt, budget))
+        chain = DraftTree.chain(7, list(range(budget)))
+        wide = DraftTree(7, tokens=list(range(budget)), parents=[-1] * budget)
+        return {"static": dict(tree=chain, accepted=[0, 1][:budget], bonus=9, mat=1.5),
+                "dynamic": dict(tree=wide, accepted=None, mat=None)}
+
+    prompts = [{"id": "p0", "prompt": "abc"}, "hello"]
+    box = trees.budget_explorer(run, prompts, budgets=(2, 4, 8), budget=4, decode=decode)
+    assert calls == [("abc", 4)]
+    w = _widgets(box)
+    assert {"prompt", "budget"} <= set(w)
+    static, dynamic = box.state["figures"]
+    assert len(static.data[1].x) == 4 + 1 and len(dynamic.data[1].x) == 4 + 1  # nodes + the root
+    assert list(next(t for t in static.data if t.name == "accepted path").customdata) == [0, 1]
+    assert [t.name for t in static.data][-1] == "bonus token"
+    assert not any(t.name == "accepted path" for t in dynamic.data)
+    assert "MAT of the generation 1.50" in static.layout.title.text and "MAT" not in dynamic.layout.title.text
+    w["budget"].value = 8
+    assert calls[-1] == ("abc", 8) and box.state["budget"] == 8
+    assert len(box.state["figures"][1].data[1].x) == 8 + 1
+    w["prompt"].value = "hello"
+    assert calls[-1] == ("hello", 8) and box.state["prompt"] == "hello"

@@ -7,7 +7,8 @@ package only, so the rest of `specdec_lib` imports without them.
 
 - `common`: what the modules share: `token_text`, the colour code, `pick_column`, `render` (explorer redraw).
 - `tables`: n-gram tables, leaders and followers in recency order (`table_figure`, `table_explorer`).
-- `trees`: draft trees by depth and breadth, the accepted path (`tree_layout`, `tree_figure`, `tree_explorer`).
+- `trees`: draft trees by depth and breadth, the accepted path (`tree_layout`, `tree_figure`, `tree_explorer`,
+  `budget_explorer`).
 - `masks`: attention masks as heatmaps (`mask_figure`, `mask_labels`).
 - `caches`: a chain method's two KV caches step by step (`cache_steps`, `cache_timeline_figure`,
   `rollback_explorer`).
@@ -31,7 +32,7 @@ The public functions are re-exported here: `from specdec_lib import viz; viz.tre
 """
 from .common import token_text
 from .tables import table_explorer, table_figure
-from .trees import tree_explorer, tree_figure, tree_layout
+from .trees import budget_explorer, tree_explorer, tree_figure, tree_layout
 from .masks import mask_figure, mask_labels
 from .caches import CacheStep, cache_steps, cache_timeline_figure, rollback_explorer
 from .acceptance import (acceptance_figure, acceptance_html, distribution_figure, draft_time_figure,
@@ -46,7 +47,8 @@ from .bench import (ablation_explorer, bench_figure, context_figure, gamma_sweep
                     table1_figure)
 
 __all__ = ["CacheStep", "ablation_explorer", "acceptance_figure", "acceptance_html", "bench_figure", "context_figure",
-           "block_map_figure", "card_explorer", "cache_steps", "cache_timeline_figure", "cost_curve_figure", "cost_figure",
+           "block_map_figure", "budget_explorer", "card_explorer", "cache_steps", "cache_timeline_figure",
+           "cost_curve_figure", "cost_figure",
            "budget_figure", "cost_per_token_figure", "efficiency_figure", "radar_figure", "step_costs_figure",
            "why_explorer",
            "distribution_figure", "draft_time_figure", "gamma_sweep_figure", "heatmap_figure", "layout_figure",

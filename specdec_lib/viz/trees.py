@@ -7,6 +7,9 @@
 - `tree_explorer(pair, prompts, tables_factory)`: sliders for TDL, CRT, LL, FL and a prompt picker; the tree
   and its mask (`masks.mask_figure`) are regrown and redrawn. Growing a tree is a table lookup: no model runs
   unless the caller passes `accept_fn`.
+- `budget_explorer(run, prompts, budgets)`: a budget slider and a prompt picker over trees of several shapes
+  drafted at the same budget (notebook 09: a static and a dynamic EAGLE tree), each with its accepted path; the
+  caller's `run` drafts them.
 
 The explorer returns an ipywidgets box (ipywidgets is imported only there) carrying `.update()` (the callback
 the widgets call) and `.state` (the last tree and figures), so it can be driven and checked without a browser.
@@ -159,5 +162,49 @@ def tree_explorer(pair, prompts, tables_factory: Callable, tdl: int = 96, crt: i
         slider.observe(update, names="value")
     update()
     box = widgets.VBox([pick, widgets.HBox([s["TDL"], s["CRT"]]), widgets.HBox([s["LL"], s["FL"]]), status, view])
+    box.update, box.state = update, state
+    return box
+
+
+def budget_explorer(run: Callable, prompts, budgets: Sequence[int] = (2, 4, 8, 16, 32), budget: int | None = None,
+                    decode: Callable | None = None):
+    """A budget slider and a prompt picker over trees of several shapes drafted at the same budget.
+
+    run(prompt_text, budget) -> {label: {"tree": DraftTree, "accepted": node indices (root to leaf) or None,
+    "bonus": the target's token after them or None, "mat": a float or None}}: the caller's drafts (this module
+    runs no model), e.g. a static and a dynamic tree of the same step and the MAT of a whole generation with each.
+    One `tree_figure` per label, in run's order. prompts: strings or {"id", "prompt"} dicts. The box has
+    `.update()` and `.state` (keys: prompt, budget, runs, figures)."""
+    import ipywidgets as widgets
+
+    budgets = [int(b) for b in budgets]
+    pick = widgets.Dropdown(options=prompt_options(prompts), description="prompt")
+    size = widgets.SelectionSlider(options=budgets, value=budgets[len(budgets) // 2] if budget is None else budget,
+                                   description="budget", continuous_update=False)
+    status, view = widgets.HTML(), widgets.Output()
+    state: dict = {}
+
+    def update(_=None):
+        runs = run(pick.value, size.value)
+        figures, parts = [], []
+        for label, r in runs.items():
+            tree, accepted, mat = r["tree"], r.get("accepted"), r.get("mat")
+            title = f"{label}: {len(tree)} nodes, depth {tree.max_depth}"
+            if accepted is not None:
+                title += f", {len(accepted)} accepted"
+            if mat is not None:
+                title += f"; MAT of the generation {mat:.2f}"
+            figures.append(tree_figure(tree, decode=decode, accepted=accepted, bonus=r.get("bonus"), title=title))
+            parts.append(f"<b>{label}</b>: {len(tree)} nodes, depth {tree.max_depth}"
+                         + ("" if accepted is None else f", {len(accepted)} accepted")
+                         + ("" if mat is None else f", MAT {mat:.2f}"))
+        state.update(prompt=pick.value, budget=size.value, runs=runs, figures=figures)
+        status.value = f"budget {size.value}: " + "; ".join(parts)
+        render(view, *figures)
+
+    pick.observe(update, names="value")
+    size.observe(update, names="value")
+    update()
+    box = widgets.VBox([widgets.HBox([pick, size]), status, view])
     box.update, box.state = update, state
     return box
