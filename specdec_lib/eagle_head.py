@@ -94,9 +94,21 @@ class EagleHead(nn.Module):
     def logits(self, target, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logits over the kept tokens or all V, the kept ids or None) of predicted features (..., d)."""
         weight = target.get_output_embeddings().weight  # (V, d), the target's frozen head
-        if len(self.keep_ids):
+        if not len(self.keep_ids):
+            return hidden @ weight.T, None  # (..., V)
+        if torch.is_grad_enabled():
             return hidden @ weight[self.keep_ids].T, self.keep_ids  # (..., K)
-        return hidden @ weight.T, None  # (..., V)
+        # decoding: the kept rows gathered once per target weight, as a linear layer (packed like the target's)
+        key = (weight.data_ptr(), weight.dtype, -1 if weight.is_inference() else weight._version)
+        readout = self.__dict__.get("_readout")
+        if readout is None or readout[0] != key:
+            layer = nn.Linear(weight.shape[1], len(self.keep_ids), bias=False, device=weight.device, dtype=weight.dtype)
+            layer.weight.data = weight.detach()[self.keep_ids].clone()  # (K, d)
+            from .prepack import is_prepacked, prepack
+            if is_prepacked(target):
+                prepack(layer)
+            readout = self.__dict__["_readout"] = (key, layer)
+        return readout[1](hidden), self.keep_ids  # (..., K)
 
 
 def save_head(head: EagleHead, out, target, extra: dict | None = None) -> Path:

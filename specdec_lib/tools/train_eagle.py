@@ -84,7 +84,7 @@ def _inputs(head, target, ids, mask, feats, noise: float = 0.0):
         scale = noise * f_in.pow(2).mean().sqrt()
         f_in = f_in + (torch.rand_like(f_in) * 2 - 1) * scale
     embeds = target.get_input_embeddings()(ids[:, 1:]).detach()  # (b, T-1, d)
-    pos = torch.arange(ids.shape[1] - 1)[None].expand(ids.shape[0], -1)  # (b, T-1)
+    pos = torch.arange(ids.shape[1] - 1, device=ids.device)[None].expand(ids.shape[0], -1)  # (b, T-1)
     return head(f_in, embeds, pos), feats[:, 1:].to(dtype), mask[:, 1:]
 
 
@@ -106,7 +106,7 @@ def agreement(head, target, data, batch: int = 16) -> float:
     """Held-out share of positions where the head's argmax (teacher-forced) is the target's next token."""
     hits = total = 0
     for i in range(0, len(data["ids"]), batch):
-        ids, mask, feats = (data[k][i:i + batch] for k in ("ids", "mask", "feats"))
+        ids, mask, feats = (data[k][i:i + batch].to(head.fc.weight.device) for k in ("ids", "mask", "feats"))
         pred, want, m = _inputs(head, target, ids, mask, feats)
         guess, keep = head.logits(target, pred)
         truth = target.get_output_embeddings()(want).argmax(-1)  # (b, T-1): the target's token
@@ -131,11 +131,12 @@ def chain_acceptance(head, target, data, depth: int = 6, prefixes: int = 48, see
         if n < 64 + depth + 2:
             continue
         T = int(torch.randint(32, n - depth - 2, (1,), generator=gen))  # the root's position
-        feats, ids = data["feats"][i, :n].to(head.fc.weight.dtype), data["ids"][i, :n]
+        device = head.fc.weight.device
+        feats, ids = data["feats"][i, :n].to(device, head.fc.weight.dtype), data["ids"][i, :n].to(device)
         truth = lm_head(feats).argmax(-1)  # (n,): the target's token after each position
         seq_f, seq_x = feats[:T], ids[1:T + 1]  # rows (f_t, x_{t+1}), t < T
         for d in range(depth):
-            guess = head(seq_f[None], embed(seq_x[None]), torch.arange(len(seq_x))[None])[0, -1]  # f^_{T+d}
+            guess = head(seq_f[None], embed(seq_x[None]), torch.arange(len(seq_x), device=device)[None])[0, -1]
             logits, keep = head.logits(target, guess)
             token = int(keep[logits.argmax()]) if keep is not None else int(logits.argmax())
             reached[d] += 1
@@ -145,7 +146,7 @@ def chain_acceptance(head, target, data, depth: int = 6, prefixes: int = 48, see
             if int(ids[T + d + 1]) != token:  # the held-out text leaves the target's greedy path here
                 break
             seq_f = torch.cat([seq_f, guess[None]])  # the head's own feature, as at decode time
-            seq_x = torch.cat([seq_x, torch.tensor([token])])
+            seq_x = torch.cat([seq_x, torch.tensor([token], device=device)])
     return [a / r if r else float("nan") for a, r in zip(accepted, reached)]
 
 
@@ -171,8 +172,9 @@ def train(head, target, data, minutes: float | None, lr: float, ce_weight: float
         for group in opt.param_groups:  # cosine schedule over the budget
             group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * done / total))
         pick = torch.randint(len(data["ids"]), (batch,), generator=gen)
-        loss, reg, ce = losses(head, target, data["ids"][pick], data["mask"][pick], data["feats"][pick], ce_weight,
-                               noise)
+        device = head.fc.weight.device  # the data stays on the CPU; each batch goes to the head's device
+        loss, reg, ce = losses(head, target, *(data[k][pick].to(device) for k in ("ids", "mask", "feats")),
+                               ce_weight, noise)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -198,10 +200,10 @@ def own_text(target, sequences: int = 16, prompt_len: int = 8, length: int = 96,
     vocab = target.get_output_embeddings().out_features
     rows = []
     for _ in range(sequences):
-        prompt = torch.randint(vocab, (1, prompt_len), generator=gen)
+        prompt = torch.randint(vocab, (1, prompt_len), generator=gen).to(target.device)
         out = generate("autoregressive", target, prompt, length - prompt_len).new_tokens
         rows.append(prompt[0].tolist() + out)
-    ids = torch.tensor(rows)  # (N, length)
+    ids = torch.tensor(rows, device=target.device)  # (N, length)
     feats = target.model(input_ids=ids).last_hidden_state  # (N, length, d), after the final norm
     return dict(ids=ids, mask=torch.ones_like(ids, dtype=torch.bool), feats=feats)
 

@@ -100,8 +100,9 @@ def target_features(target, blocks: list[list[int]], batch: int = 8):
         ids[i, :len(b)], mask[i, :len(b)] = torch.tensor(b), True
     feats = torch.empty(len(blocks), T, target.config.hidden_size, dtype=torch.float16)
     for i in range(0, len(blocks), batch):
-        out = target.model(input_ids=ids[i:i + batch], attention_mask=mask[i:i + batch].long())
-        feats[i:i + batch] = out.last_hidden_state.to(torch.float16)  # (b, T, d), after the final norm
+        out = target.model(input_ids=ids[i:i + batch].to(target.device),
+                           attention_mask=mask[i:i + batch].long().to(target.device))
+        feats[i:i + batch] = out.last_hidden_state.to("cpu", torch.float16)  # (b, T, d), after the final norm
         if i % (batch * 10) == 0:
             print(f"  features {i}/{len(blocks)}", flush=True)
     return ids, mask, feats
