@@ -20,12 +20,14 @@ with a draft or side rows feeds prompt[:-1] in a causal forward of its own first
 then verifies as every later step does. target_forwards counts steps: target_forwards == len(accept_lengths),
 sum == len(new_tokens); the time to the first token is GenerationResult.prefill_seconds.
 
-Extension points for the next methods (documented in verify.SideRows / Proposal):
+Extension points (documented in verify.SideRows / Proposal), each used by a method:
 - Lookahead and FAFO draft inside the target's own forward: their Proposal carries `side` rows (Jacobi or
   fumble rows with their own visibility, composed from masks.py pieces) whose logits come back in
   `verdict.side_logits` to `observe`; their KV is dropped by the same commit.
 - CARD's proposer reads, in `propose`, a tree that a concurrent drafter fills, and sends the correction in
   `observe`; the loop does not care who filled the tree.
+- EAGLE's head reads the target's final hidden states: its Proposal asks for them (`features`), and the verdict's
+  rows (verify.RowLogits) carry them to `observe`, the prompt's too on step 1, with no extra target forward.
 
 Simplifications: batch size 1; the proposer may not touch the target's cache (it gets no handle to it).
 """
@@ -93,7 +95,6 @@ class Proposer:
         """Method-specific entries of GenerationResult.stats, read after finish: "config" (the settings) and
         the method's own counters (draft forwards, hit rate, ...)."""
         return dict(config={})
-        return {}
 
 
 def decode(req: Request, proposer: Proposer, debug: bool = False, lazy_head: bool = True) -> GenerationResult:

@@ -89,11 +89,6 @@ def rollback(cache, length: int) -> None:
     compat.crop(cache, length)
 
 
-def layer_keys(cache, layer: int) -> torch.Tensor:
-    """Keys of one layer, (batch, kv_heads, seq, head_dim)."""
-    return cache.layers[layer].keys
-
-
 def compact(cache, keep_from: int, indices) -> None:
     """Keep the first `keep_from` tokens plus the entries at offsets `indices` after them, in that order.
 

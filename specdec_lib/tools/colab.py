@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import tomllib
 from pathlib import Path
 
 import nbformat
@@ -44,7 +43,13 @@ if "google.colab" in sys.modules:  # on Colab: the workbook's library, tiny pair
 
 
 def repository_url(pyproject=PYPROJECT) -> str:
-    return tomllib.loads(Path(pyproject).read_text())["project"]["urls"]["Repository"]
+    """[project.urls] Repository of pyproject.toml (read by a pattern: tomllib is Python 3.11+, we allow 3.10)."""
+    text = Path(pyproject).read_text()
+    urls = re.search(r"^\[project\.urls\]\s*$(.*?)(?=^\[|\Z)", text, re.M | re.S)
+    found = re.search(r'^Repository\s*=\s*"([^"]+)"', urls.group(1), re.M) if urls else None
+    if found is None:
+        raise ValueError(f"{pyproject} has no [project.urls] Repository")
+    return found.group(1)
 
 
 def set_repository_url(url: str, pyproject=PYPROJECT) -> None:
