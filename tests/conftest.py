@@ -1,6 +1,5 @@
-"""Shared fixtures: the shipped tiny pair, and small random float64 models built in memory (Llama and Qwen2).
-
-Random-init LMs are nearly uniform; tests that need peaked distributions scale the output layer."""
+"""Shared fixtures: the shipped tiny pair (float32 and a float64 copy), the executed workbooks, the project's cache
+in a temp folder. Shared helper functions (random models, prompts) are in helpers.py."""
 from __future__ import annotations
 
 import pytest
@@ -30,65 +29,6 @@ def tiny_pair64(tiny_pair):
     target = copy.deepcopy(tiny_pair.target).to(torch.float64)
     draft = copy.deepcopy(tiny_pair.draft).to(torch.float64)
     return target, draft, tiny_pair.tokenizer
-
-
-# Two short code prompts for parity runs on the shipped pair.
-SHIPPED_PROMPTS = ["import os\nimport sys\n\n\ndef main(argv):\n", "class Stack:\n    def __init__(self):\n"]
-
-
-def repeating_prompt(length: int, seed: int, vocab: int = 97) -> torch.Tensor:
-    """(1, length) random token ids whose first third comes back at the end, so lookups and tables hit."""
-    g = torch.Generator().manual_seed(seed)
-    chunk = torch.randint(0, vocab, (max(1, length // 3),), generator=g)
-    return torch.cat([chunk, torch.randint(0, vocab, (length - 2 * len(chunk),), generator=g), chunk])[None]
-
-
-def autoregressive_samples(target, ids, max_new_tokens: int, seeds=range(6)):
-    """(sampling kwargs, "autoregressive" tokens) for seeded runs at two settings: a method that draws one seeded
-    sample per emitted token from p (tables, prompt lookup) must reproduce these tokens exactly."""
-    from specdec_lib import generate
-
-    for seed in seeds:
-        for temperature, top_k in ((1.0, None), (0.7, 5)):
-            kwargs = dict(temperature=temperature, top_k=top_k, seed=seed)
-            yield kwargs, generate("autoregressive", target, ids, max_new_tokens, **kwargs).new_tokens
-
-
-def random_lm(kind: str = "llama", vocab: int = 97, layers: int = 2, hidden: int = 32, seed: int = 0,
-              logit_scale: float = 1.0, context: int = 256):
-    """A randomly initialised float64 causal LM (real HF class), eval mode."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
-                  tie_word_embeddings=False)
-    if kind == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**common))
-    elif kind == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**common))
-    else:
-        raise ValueError(kind)
-    model = model.to(torch.float64).eval()
-    if logit_scale != 1.0:
-        with torch.no_grad():
-            model.lm_head.weight.mul_(logit_scale)
-    return model
-
-
-def with_head(target, steps: int = 150):
-    """`target` with an EAGLE head trained here on its own greedy text (random models ship none)."""
-    from specdec_lib.eagle_head import attach_head
-    from specdec_lib.tools.train_eagle import quick_head
-
-    attach_head(target, quick_head(target, steps=steps, sequences=8, length=64))
-    return target
-
-
-def all_match_hf(table, column: str = "all_match_hf", key: str = "method") -> bool:
-    """Every row but hf's reproduced hf's tokens, and hf's own rows are not compared with themselves (None)."""
-    reference = table[key] == "hf"
-    return bool(table.loc[~reference, column].astype(bool).all()) and bool(table.loc[reference, column].isna().all())
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import pytest
 from specdec_lib import viz
 from specdec_lib.bench import ablation
 
-from conftest import all_match_hf
+from helpers import all_match_hf
 from specdec_lib.tables import ensure_frozen_table, frozen_table_path
 
 RUN = dict(max_new_tokens=12, repeats=1, limit=1, progress=False)

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 METHODS = ["hf", "autoregressive", "hf_prompt_lookup", "hf_assisted"]
 OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
-from conftest import all_match_hf
+from helpers import all_match_hf
 
 
 @pytest.fixture(scope="module")

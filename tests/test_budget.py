@@ -15,7 +15,7 @@ from specdec_lib import generate
 from specdec_lib.mechanisms import budget as B
 from specdec_lib.mechanisms.draft_tree import DraftTree
 
-from conftest import SHIPPED_PROMPTS, autoregressive_samples, random_lm, repeating_prompt
+from helpers import SHIPPED_PROMPTS, autoregressive_samples, random_lm, repeating_prompt
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings("ignore::specdec_lib.tables.NoFrozenTableWarning")]

@@ -19,7 +19,7 @@ from specdec_lib import tables as cb
 from specdec_lib.mechanisms.ngram_table import FrozenNgramTable
 from specdec_lib.tables import frozen_table_path
 
-from conftest import SHIPPED_PROMPTS, autoregressive_samples, random_lm, repeating_prompt
+from helpers import SHIPPED_PROMPTS, autoregressive_samples, random_lm, repeating_prompt
 
 VOCAB = 97
 

@@ -17,7 +17,7 @@ from specdec_lib.mechanisms.card_tree import CardTree
 from specdec_lib.methods import card as card_module
 from specdec_lib.methods.card import WORKER_NAME, Card
 
-from conftest import random_lm, repeating_prompt
+from helpers import random_lm, repeating_prompt
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 K = 3

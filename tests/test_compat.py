@@ -19,7 +19,7 @@ import torch
 from specdec_lib import METHODS, compat, generate
 from specdec_lib.mechanisms import kv_cache
 
-from conftest import random_lm, repeating_prompt, with_head
+from helpers import random_lm, repeating_prompt, with_head
 
 PEERS = ["hf", "hf_prompt_lookup", "hf_assisted"]
 

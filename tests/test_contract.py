@@ -24,7 +24,7 @@ from specdec_lib.bench.lossless import lossless_check
 from specdec_lib.mechanisms import verify
 from specdec_lib.mechanisms.ngram_table import NgramTable
 
-from conftest import SHIPPED_PROMPTS, random_lm, repeating_prompt, with_head
+from helpers import SHIPPED_PROMPTS, random_lm, repeating_prompt, with_head
 
 ALL = sorted(METHODS)
 pytestmark = [pytest.mark.usefixtures("one_thread"),

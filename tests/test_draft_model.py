@@ -22,7 +22,7 @@ from specdec_lib.mechanisms.kv_cache import TrackedCache
 from specdec_lib.mechanisms.verify import residual, speculative_chain
 from specdec_lib.sampling import SamplingConfig
 
-from conftest import SHIPPED_PROMPTS, random_lm
+from helpers import SHIPPED_PROMPTS, random_lm
 
 VOCAB = 97
 

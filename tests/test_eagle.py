@@ -11,7 +11,7 @@ from specdec_lib.methods.eagle import Eagle
 from specdec_lib.mechanisms.draft_tree import ROOT
 from specdec_lib.tools import train_eagle
 
-from conftest import SHIPPED_PROMPTS, random_lm, repeating_prompt, with_head
+from helpers import SHIPPED_PROMPTS, random_lm, repeating_prompt, with_head
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

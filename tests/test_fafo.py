@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from conftest import SHIPPED_PROMPTS, random_lm
+from helpers import SHIPPED_PROMPTS, random_lm
 from specdec_lib import generate
 from specdec_lib.loop import LoopState
 from specdec_lib.decoding import Request

@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 
-from conftest import SHIPPED_PROMPTS, random_lm
+from helpers import SHIPPED_PROMPTS, random_lm
 from specdec_lib import compat, generate
 from specdec_lib.mechanisms import flex_backend as fl_backend
 from specdec_lib.mechanisms import flex_layout as fl

@@ -12,7 +12,7 @@ import specdec_lib
 from specdec_lib import METHODS, generate
 from specdec_lib.methods.peers import accept_lengths_from_starts
 
-from conftest import random_lm, repeating_prompt, with_head
+from helpers import random_lm, repeating_prompt, with_head
 
 GREEDY_METHODS = [m for m in sorted(METHODS) if m != "hf"]
 

@@ -12,7 +12,7 @@ from specdec_lib.mechanisms import verify
 from specdec_lib.mechanisms.draft_tree import DraftTree
 from specdec_lib.methods.lookahead import Lookahead, NgramPool, window_sees
 
-from conftest import SHIPPED_PROMPTS, autoregressive_samples, random_lm
+from helpers import SHIPPED_PROMPTS, autoregressive_samples, random_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -13,7 +13,7 @@ from specdec_lib.mechanisms import masks
 from specdec_lib.mechanisms.draft_tree import DraftTree
 from specdec_lib.mechanisms.verify import build_forward
 
-from conftest import random_lm, repeating_prompt
+from helpers import random_lm, repeating_prompt
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

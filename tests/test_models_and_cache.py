@@ -8,7 +8,7 @@ from specdec_lib import compat, generate, load_models
 from specdec_lib.mechanisms.kv_cache import cache_length, new_cache, rollback
 from specdec_lib.models import TINY_DIR, resolve_device
 
-from conftest import random_lm
+from helpers import random_lm
 
 
 def test_tiny_pair_shape_and_cost_budget(tiny_pair):

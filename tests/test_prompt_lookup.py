@@ -11,7 +11,7 @@ import torch
 from specdec_lib import generate, loop
 from specdec_lib.methods.prompt_lookup import NgramIndex, continuation
 
-from conftest import SHIPPED_PROMPTS, autoregressive_samples, random_lm, repeating_prompt
+from helpers import SHIPPED_PROMPTS, autoregressive_samples, random_lm, repeating_prompt
 
 VOCAB = 97
 

@@ -40,7 +40,7 @@ def test_quick_training_run(tmp_path, capsys):
 def test_draft_from_target_copies_the_chosen_layers():
     import pytest
 
-    from conftest import random_lm
+    from helpers import random_lm
     from specdec_lib.tools.distill_draft import draft_from_target
 
     target = random_lm(layers=3).float()

@@ -19,7 +19,7 @@ from specdec_lib.sampling import SamplingConfig, make_generator, pick_token, pro
 from specdec_lib.mechanisms.masks import (dense_tree_mask, tree_attention_mask, tree_inputs, tree_mask_mod)
 from specdec_lib.mechanisms.verify import verify_tree, walk_tree
 
-from conftest import random_lm
+from helpers import random_lm
 
 VOCAB = 97
 TOL = 1e-9

@@ -22,7 +22,7 @@ from specdec_lib.methods import draft_model as dm
 from specdec_lib.viz import acceptance, bench, caches, common, costs
 from specdec_lib.viz.caches import CacheStep, cache_steps
 
-from conftest import random_lm
+from helpers import random_lm
 
 # prompt of 10; gamma 3: partial (1 of 3) on step 0, full on step 1, partial (0 of 3) after it, EOS cut inside
 # an accepted run (2 accepted, the first of them EOS), then a step that drafted nothing (1 token left); the
