@@ -17,8 +17,9 @@ the target's, never copied. `keep_ids` (optional, FR-Spec style): the tokens the
 vocabulary costs K rows of the head's projection, not V; verification stays exact (the target scores all).
 
 On disk (`save_head` / `load_head`): eagle.json (what it was trained for: the target's identity, the keep set's
-size, training facts) and head.safetensors (fc, layer, norm in float16, keep_ids). `head_for(target)` finds the shipped head
-trained for a target (data/models/*/eagle.json whose target fingerprint matches), loaded once per target object.
+size, training facts) and head.safetensors (fc, layer, norm in float16, keep_ids). `head_for(target)` finds the
+shipped head trained for a target (data/models/*/eagle.json whose target fingerprint matches), loaded once per
+target object; `attach_head` gives a target one trained here (train_eagle.quick_head).
 
 Simplifications: Llama-family targets (a decoder layer called with position embeddings, as in transformers
 5.x); the feature is the target's final *normed* hidden state (what the loop's verify forward keeps: verify.RowLogits),

@@ -108,9 +108,9 @@ class Eagle(Proposer):
         T = len(committed) - 1  # the root's position
         if self.cache.get_seq_length() > self.exact:  # last step's tree rows
             compat.crop(self.cache, self.exact)
-        n = len(self.pending)
+        n = len(self.pending)  # catch up: positions exact .. T-1, features known, next tokens committed
         if self.exact + n != T:
-            raise AssertionError(f"the head knows features up to {self.exact + n}, the root sits at {T}")  # catch up: positions exact .. T-1, features known, next tokens committed
+            raise AssertionError(f"the head knows features up to {self.exact + n}, the root sits at {T}")
         feats = torch.stack(self.pending)  # (n, d)
         positions = list(range(self.exact, self.exact + n))
         out = self._head(feats, committed[self.exact + 1:T + 1], positions,
