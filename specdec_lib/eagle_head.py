@@ -41,11 +41,16 @@ from . import compat
 HEAD_JSON, HEAD_WEIGHTS = "eagle.json", "head.safetensors"
 
 
+# config keys that do not change the weights a head reads: names, dtypes, the attention kernel, and the context
+# settings (the same model read at a longer context through YaRN, "tiny-long", keeps its head)
+_NOT_IDENTITY = ("name_or_path", "_name_or_path", "dtype", "torch_dtype", "transformers_version",
+                 "_attn_implementation", "_attn_implementation_internal", "architectures", "rope_parameters",
+                 "rope_scaling", "rope_theta", "max_position_embeddings")
+
+
 def target_fingerprint(target) -> str:
-    """The target's identity a head is valid for: its config (minus names and dtypes) and parameter count."""
-    config = {k: v for k, v in target.config.to_dict().items()
-              if k not in ("name_or_path", "_name_or_path", "dtype", "torch_dtype", "transformers_version",
-                           "_attn_implementation", "_attn_implementation_internal", "architectures")}
+    """The target's identity a head is valid for: its config (minus _NOT_IDENTITY) and parameter count."""
+    config = {k: v for k, v in target.config.to_dict().items() if k not in _NOT_IDENTITY}
     params = sum(p.numel() for p in target.parameters())
     text = json.dumps(config, sort_keys=True, default=str) + f":{params}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -65,14 +65,22 @@ def smol_dir() -> Path:
 
 
 def _source_stamp(path: Path) -> dict:
-    stat = path.stat()
-    return {"gguf": path.name, "bytes": stat.st_size, "mtime": int(stat.st_mtime)}
+    """What identifies the GGUF: its size and a hash of its first and last MiB. Not its modification time: each
+    virtual environment installs its own copy of the wheel, and two of them must share one cached directory."""
+    import hashlib
+
+    size, digest = path.stat().st_size, hashlib.sha256()
+    with path.open("rb") as f:
+        digest.update(f.read(1 << 20))
+        f.seek(max(0, size - (1 << 20)))
+        digest.update(f.read(1 << 20))
+    return {"gguf": path.name, "bytes": size, "sha256_ends": digest.hexdigest()[:16]}
 
 
 def ensure_smol_dir(progress: bool = True) -> Path:
     """The model directory of SmolLM2-135M-Instruct, dequantised from the wheel's GGUF on first use.
 
-    A directory written earlier from the same GGUF (same size and modification time) is reused as it is."""
+    A directory written earlier from the same GGUF (same size and content hash: `_source_stamp`) is reused as it is."""
     source = gguf_path()
     out = smol_dir()
     stamp_file = out / "source.json"
