@@ -233,6 +233,8 @@ def load_models(spec="tiny", device="auto", dtype="auto", context: int | None = 
     prepack: "auto" packs both models' linear weights once for oneDNN on a CPU in float32 (prepack.py: a forward
     of a few rows then costs about one row's, as on a GPU); True requires it, False keeps torch's F.linear.
     """
+    if prepack not in ("auto", True, False):  # before loading anything
+        raise ValueError(f"prepack must be 'auto', True or False, got {prepack!r}")
     pair = _load_pair(spec, device, dtype, context)
     _apply_prepack(pair, prepack)
     return pair
@@ -242,8 +244,6 @@ def _apply_prepack(pair: ModelPair, prepack) -> None:
     """Pack the pair's linear weights (or not), saying which in pair.choices["linear"]."""
     from . import prepack as packing
 
-    if prepack not in ("auto", True, False):
-        raise ValueError(f"prepack must be 'auto', True or False, got {prepack!r}")
     dtype = next(pair.target.parameters()).dtype
     wanted, why = packing.should_prepack(pair.device, dtype)
     if prepack is True and not wanted:

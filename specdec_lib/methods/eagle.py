@@ -84,11 +84,13 @@ class Eagle(Proposer):
         self.head_forwards = self.head_rows = 0
 
     def _head(self, feats: torch.Tensor, tokens: list[int], positions: list[int], sees: torch.Tensor):
-        """One head forward: rows (feats (R, d), tokens) at `positions`, row i seeing the cached rows and the
-        new rows where sees[i] (R, R); returns the predicted features (R, d)."""
+        """One head forward: rows (feats (R, d), tokens) at `positions`; every row sees the committed rows
+        (0..exact-1), and the rows after them (this step's earlier tree rows, then the new ones) where sees[i]
+        (R, cached - exact + R); returns the predicted features (R, d)."""
         R, cached = len(tokens), int(self.cache.get_seq_length())
-        mask = torch.ones(R, cached + R, dtype=torch.bool, device=self.device)  # (R, K)
-        mask[:, cached:] = sees
+        mask = torch.zeros(R, cached + R, dtype=torch.bool, device=self.device)  # (R, K)
+        mask[:, :self.exact] = True
+        mask[:, self.exact:] = sees
         ids = torch.tensor([tokens], device=self.device)  # (1, R)
         pos = torch.tensor([positions], device=self.device)  # (1, R)
         out = self.h(feats[None].to(self.embed.weight.dtype), self.embed(ids), pos, mask[None, None], self.cache)
@@ -143,8 +145,8 @@ class Eagle(Proposer):
             sees = torch.zeros(len(expand), total, dtype=torch.bool, device=self.device)
             for j, rs in enumerate(seen):
                 sees[j, rs] = True
-            # rows of earlier depths are already in the head's cache: pass the mask over all tree rows
-            out = self._head_tree(feats, [nodes[i][2] for i in expand], [T + d - 1] * len(expand), sees, tree_rows)
+            # rows of earlier depths are already in the head's cache: the mask covers all tree rows
+            out = self._head(feats, [nodes[i][2] for i in expand], [T + d - 1] * len(expand), sees)
             tree_rows = total
             logp, toks = self._children(out)
             frontier = []
@@ -155,19 +157,6 @@ class Eagle(Proposer):
                     nodes.append((base + lp, d + 1, tok, i))
                     frontier.append(len(nodes) - 1)
         return nodes
-
-    def _head_tree(self, feats, tokens, positions, sees_tree: torch.Tensor, before: int):
-        """A head forward of tree rows: `sees_tree` (E, before + E) over this step's tree rows (the `before`
-        earlier ones are cached after the exact rows)."""
-        E, cached = len(tokens), int(self.cache.get_seq_length())
-        mask = torch.zeros(E, cached + E, dtype=torch.bool, device=self.device)  # (E, K)
-        mask[:, :self.exact] = True  # the committed text
-        mask[:, self.exact:] = sees_tree
-        ids = torch.tensor([tokens], device=self.device)
-        pos = torch.tensor([positions], device=self.device)
-        out = self.h(feats[None], self.embed(ids), pos, mask[None, None], self.cache)
-        self.head_forwards, self.head_rows = self.head_forwards + 1, self.head_rows + E
-        return out[0]
 
     @staticmethod
     def _tree(root: int, nodes, budget: int) -> DraftTree:
