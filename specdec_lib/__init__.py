@@ -3,7 +3,9 @@
 Notation, used the same way in code, notebooks and plots:
 - p: the target model's next-token distribution; q: the draft's (both after temperature/top-k/top-p). q is the
   draft distribution only: the rows of a forward are "rows".
-- gamma: draft length of a chain; MAT: mean tokens gained per target forward, bonus token included.
+- gamma: draft length of a chain; MAT: mean tokens gained per target forward, the next token included.
+- next token: the target's own token a step appends after the accepted drafts (`Verdict.next_token`): a *bonus*
+  when every draft of the path was accepted, else a *correction*.
 - Cacheback: LL leader length, FL follower length, LC leader capacity, FC follower capacity,
   TDL total draft length, CRT tokens reserved for deeper tree levels.
 
@@ -17,9 +19,9 @@ The folders are the architecture, in reading order:
   pair's target, SmolLM2-135M-Instruct, read offline from a wheel's GGUF), exit_draft (a draft built from a target's
   own first layers with a trained exit and a reduced-vocabulary head: the real pair's draft), eagle_head (EAGLE's
   feature-level head: one decoder layer reading the target's last hidden state);
-- mechanisms/: ngram_table -> draft_tree -> masks -> kv_cache -> verify -> step_cost -> budget -> compression ->
-  flex_backend -> flex_layout, card_tree -> card_drafter, card_process (pure pieces the loop and the notebooks
-  use; they import neither bench/ nor tools/);
+- mechanisms/: ngram_table -> draft_tree -> masks -> kv_cache -> verify -> step_cost -> cost_curve -> budget -> compression ->
+  flex_backend -> attention -> flex_layout, card_tree -> card_drafter, card_process (pure pieces the loop and the
+  notebooks use; they import neither bench/ nor tools/);
 - methods/: autoregressive, prompt_lookup, cacheback, draft_model, card, lookahead, fafo, eagle (proposers), peers (HF's own
   decoders);
 - bench/: harness (`python -m specdec_lib.bench`), ablation, costs, compare, lossless, timeline, flex_layout

@@ -19,19 +19,23 @@ handled here (the rest of the library, the tests and the notebooks call these, n
   `assisted_generation_fixed()` applies 5.16's rule to HF's `AssistedCandidateGenerator` for the duration of
   the `hf_assisted` peer's call, on 5.15 only, so the peer measures HF's method there too.
 
-- **Rope scaling in a config.** 5.x reads a model's rope settings from `config.rope_parameters` (a dict with
-  `rope_type`, `rope_theta`, ...); `yarn_config(config, context)` writes YaRN there, keeping the trained theta.
+- **Caches of our own** (`transformers.cache_utils`: Cache, CacheLayerMixin, DynamicLayer: internal classes, not
+  a public API, so what a subclass implements may change with a release; they are named here only). kv_cache's `ContiguousLayer` subclasses `DynamicLayer` here; flex_layout's store
+  subclasses `BufferCache`, a Cache whose layers (`_BufferLayer`) are views of the subclass's own buffers;
+  `new_dynamic_cache(config)` builds an empty DynamicCache; `has_sliding_layers` and `has_counting_layers` ask
+  what kinds of layers a cache holds (attributes of the layer classes).
 
-- **Attention with its log-sum-exp** (torch): `attention_with_lse` gives both, to merge attention over two key
-  sets exactly; on a CPU it is torch's fused flash kernel (`_scaled_dot_product_flash_attention_for_cpu`, a
-  private op: float32/float64/bf16, masks allowed), elsewhere the scores are formed explicitly.
+- **A fused CPU attention with its log-sum-exp** (torch): `flash_attention_for_cpu()` gives torch's
+  `_scaled_dot_product_flash_attention_for_cpu` (a private op: float32/float64/bf16, masks allowed), or None where
+  it is missing; mechanisms/attention.py's `attention_with_lse` calls it.
 
 - **Prepacked linear weights** (torch, CPU): `packed_linear_ops()` gives oneDNN's weight reorder and linear
   (`torch.ops.mkldnn._reorder_linear_weight`, `_linear_pointwise`: private ops, what inductor's CPU freezing
   calls), checked once against `F.linear`; None where they are missing or disagree (prepack.py then keeps
   `F.linear`).
 
-Simplifications: batch size 1 for `query_rows`; `crop` serves full-attention (DynamicLayer) caches.
+Simplifications: batch size 1 for `query_rows`; `crop` serves full-attention (DynamicLayer) caches; a
+`BufferCache` serves full-attention layers only.
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 
 import torch
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
 OLD_CACHE_KEYWORD, NEW_CACHE_KEYWORD = "past_key_values", "cache"
 
@@ -125,8 +130,6 @@ def crop(cache, length: int) -> None:
 
 def find_cache(args: tuple, kwargs: dict):
     """The KV cache among a forward's arguments (found by type, whatever its keyword), or None."""
-    from transformers.cache_utils import Cache
-
     for value in (*kwargs.values(), *args):
         if isinstance(value, Cache):
             return value
@@ -144,35 +147,65 @@ def query_rows(args: tuple, kwargs: dict) -> int:
     raise ValueError("a forward without input_ids or inputs_embeds")
 
 
-def yarn_config(config, context: int):
-    """`config` stretched to `context` positions by YaRN (Peng et al. 2023): no new weights, rope frequencies
-    interpolated by factor = context / the trained context (config.max_position_embeddings). Returns config."""
-    trained = int(getattr(config, "max_position_embeddings"))
-    old = dict(getattr(config, "rope_parameters", None) or {})
-    trained = int(old.get("original_max_position_embeddings", trained))  # stretching a stretched config
-    theta = old.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-    config.rope_parameters = {"rope_type": "yarn", "rope_theta": theta, "factor": context / trained,
-                              "original_max_position_embeddings": trained}
-    config.max_position_embeddings = int(context)
-    return config
+# ---- caches of our own ------------------------------------------------------------------------------------
+
+def new_dynamic_cache(config):
+    """An empty DynamicCache for a model of `config` (one layer per decoder layer, sliding-window ones included)."""
+    from transformers import DynamicCache
+
+    return DynamicCache(config=config)
 
 
-def attention_with_lse(query, key, value, mask=None, scale=None):
-    """(out (B, H, R, D), lse (B, H, R) float32 or the dtype's) of softmax attention; `mask` an additive float
-    mask broadcastable to (B, H, R, K), or None. Same head counts for query and key (fold groups beforehand)."""
-    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    if query.device.type == "cpu" and op is not None:
-        try:
-            return op(query, key, value, 0.0, False, attn_mask=mask, scale=scale)
-        except RuntimeError:  # a dtype or shape the fused kernel refuses: the explicit form below
-            pass
-    scale = scale if scale is not None else query.shape[-1] ** -0.5
-    exact = torch.float64 if query.dtype == torch.float64 else torch.float32
-    scores = (query @ key.transpose(-1, -2)).to(exact) * scale  # (B, H, R, K)
-    if mask is not None:
-        scores = scores + mask.to(exact)
-    lse = scores.logsumexp(-1)
-    return ((scores - lse[..., None]).exp().to(value.dtype) @ value), lse
+def has_sliding_layers(cache) -> bool:
+    """Whether a cache holds sliding-window layers (`is_sliding`: they keep rolling buffers of their own)."""
+    return any(getattr(layer, "is_sliding", False) for layer in cache.layers)
+
+
+def has_counting_layers(cache) -> bool:
+    """Whether a cache holds layers that count their tokens beside their keys (`cumulative_length`: sliding-window,
+    static and quantized layers), a count that writing keys/values directly would leave wrong."""
+    return any(hasattr(layer, "cumulative_length") for layer in cache.layers)
+
+
+class BufferCache(Cache):
+    """A transformers Cache over buffers its subclass keeps: `keys`/`values` (layers, kv_heads, capacity,
+    head_dim), `update(key_states, value_states, layer)`, `length` and `capacity`. Call
+    `super().__init__(layers_n)` once the buffers exist: each layer transformers sees is a view of them."""
+
+    def __init__(self, layers_n: int):
+        super().__init__(layers=[_BufferLayer(self, i) for i in range(layers_n)])
+
+
+class _BufferLayer(CacheLayerMixin):
+    """One layer of a BufferCache as transformers sees it (keys/values: views of the owner's buffers)."""
+
+    def __init__(self, owner, layer):
+        super().__init__()
+        self.owner, self.layer, self.is_initialized = owner, layer, True
+        self.keys, self.values = owner.keys[layer][None], owner.values[layer][None]  # (1, kv_heads, capacity, dim)
+
+    def lazy_initialization(self, key_states, value_states):
+        pass
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        return self.owner.update(key_states, value_states, self.layer)
+
+    def get_mask_sizes(self, query_length):
+        return self.owner.capacity, 0
+
+    def get_seq_length(self):
+        return self.owner.length
+
+    def get_max_length(self):
+        return self.owner.capacity
+
+
+# ---- private torch ops ------------------------------------------------------------------------------------
+
+def flash_attention_for_cpu():
+    """torch's fused CPU flash attention that also returns the log-sum-exp, op(query, key, value, dropout,
+    is_causal, attn_mask=, scale=) -> (out, lse), or None where this torch lacks it (a private aten op)."""
+    return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 @lru_cache(maxsize=1)

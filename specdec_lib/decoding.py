@@ -1,10 +1,10 @@
 """The `generate` contract every method follows, and the method registry.
 
     result = generate("autoregressive", target, input_ids, max_new_tokens=64)
-    result.new_tokens, result.accept_lengths, result.target_forwards, result.mean_accepted
+    result.new_tokens, result.accept_lengths, result.target_forwards, result.mat
 
-`accept_lengths[i]` is the number of tokens the i-th target forward added to the output, the bonus token
-included: the autoregressive loop gives all 1s, and MAT (`mean_accepted`) is their mean. The prompt's
+`accept_lengths[i]` is the number of tokens the i-th target forward added to the output, the target's next token
+included: the autoregressive loop gives all 1s, and MAT (`mat`, the summaries' column `mat`) is their mean. The prompt's
 prefill forward counts (it yields the first new token).
 
 A method is a function `decode(request, **config) -> GenerationResult` registered in `METHODS`. The library's
@@ -43,8 +43,8 @@ class GenerationResult:
     prefill_tokens: int = 0
 
     @property
-    def mean_accepted(self) -> float:
-        """MAT: mean tokens gained per target forward, bonus token included."""
+    def mat(self) -> float:
+        """MAT: mean tokens gained per target forward, the target's next token included."""
         return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else 0.0
 
     @property

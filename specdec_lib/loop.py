@@ -132,7 +132,7 @@ def _steps(req, proposer, state, target, cache, spec, debug, lazy_head) -> Gener
         if len(lengths) == 1:
             first = (t2, len(emitted))  # the prefill's forward: time to the first token
         tree = proposal.tree
-        steps.append(dict(tree_size=len(tree), depth=tree.max_depth, accepted=len(verdict.accepted),
+        steps.append(dict(tree_size=len(tree), depth=tree.depth, accepted=len(verdict.accepted),
                           emitted=len(emitted), full=verdict.full, draft_us=(t1 - t0) * 1e6,
                           verify_ms=(t2 - t1) * 1e3, update_us=(t3 - t2) * 1e6, **proposal.info))
         del proposal, verdict  # free this forward's hidden states before the next forward allocates its own

@@ -11,6 +11,9 @@ dtype "auto" goes by what the device computes natively, not by what torch accept
 parity checks stay exact), bfloat16 on a GPU of compute capability 8.0 or newer (Ampere, Hopper), float16 below
 (Colab's free T4 is sm_75: `torch.cuda.is_bf16_supported()` answers True there too, but by emulation, slowly).
 
+`context=` (and "tiny-long") reads both models at more positions than they were trained on through YaRN rope
+scaling, a config change (`yarn_config`), no new weights.
+
 Simplifications: batch size 1 everywhere; the tokenizer is the target's.
 """
 from __future__ import annotations
@@ -21,7 +24,6 @@ from pathlib import Path
 
 import torch
 
-from . import compat
 from .checks import check_int
 
 DATA_DIR = Path(os.environ.get("SPECDEC_DATA", Path(__file__).resolve().parent.parent / "data"))
@@ -203,6 +205,20 @@ def _is_local(path) -> bool:
     return Path(str(path)).expanduser().is_dir()
 
 
+def yarn_config(config, context: int):
+    """`config` stretched to `context` positions by YaRN (Peng et al. 2023): no new weights, rope frequencies
+    interpolated by factor = context / the trained context (config.max_position_embeddings). transformers 5.x
+    reads rope settings from `config.rope_parameters`; the trained theta is kept. Returns config."""
+    trained = int(getattr(config, "max_position_embeddings"))
+    old = dict(getattr(config, "rope_parameters", None) or {})
+    trained = int(old.get("original_max_position_embeddings", trained))  # stretching a stretched config
+    theta = old.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+    config.rope_parameters = {"rope_type": "yarn", "rope_theta": theta, "factor": context / trained,
+                              "original_max_position_embeddings": trained}
+    config.max_position_embeddings = int(context)
+    return config
+
+
 def _load_one(source: str, device, dtype, offline_hint: bool, context: int | None = None):
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -212,7 +228,7 @@ def _load_one(source: str, device, dtype, offline_hint: bool, context: int | Non
             if context <= config.max_position_embeddings:
                 raise ValueError(f"context={context} is not longer than {source!r}'s own "
                                  f"{config.max_position_embeddings} positions: leave context out")
-            compat.yarn_config(config, context)
+            yarn_config(config, context)
         model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=dtype, local_files_only=offline_hint)
     except OSError as err:
         raise ValueError(
@@ -230,8 +246,9 @@ def load_models(spec="tiny", device="auto", dtype="auto", context: int | None = 
     CPU or when the hub pair cannot be loaded (offline); "auto" prints which pair it loaded and why.
     context: read both models at this many positions through YaRN rope scaling (config only, no new weights);
     it must exceed what they were trained at.
-    prepack: "auto" packs both models' linear weights once for oneDNN on a CPU in float32 (prepack.py: a forward
-    of a few rows then costs about one row's, as on a GPU); True requires it, False keeps torch's F.linear.
+    prepack: "auto" packs both models' linear weights once for oneDNN on a CPU in float32 when the target is at
+    least prepack.MIN_WIDTH wide (prepack.py: a forward of a few rows then costs about one row's, as on a GPU;
+    narrower models lose to the call overhead); True requires it, False keeps torch's F.linear.
     """
     if prepack not in ("auto", True, False):  # before loading anything
         raise ValueError(f"prepack must be 'auto', True or False, got {prepack!r}")
@@ -250,6 +267,10 @@ def _apply_prepack(pair: ModelPair, prepack) -> None:
         raise ValueError(f"prepack=True cannot apply here: {why.removeprefix('plain: ')}")
     if prepack is False:
         wanted, why = False, "plain: prepack=False (torch's F.linear)"
+    width = getattr(pair.target.config, "hidden_size", None) or 0
+    if prepack == "auto" and wanted and width < packing.MIN_WIDTH:
+        wanted, why = False, (f"plain: a {width}-wide model's layers are too narrow for packing to pay (below "
+                              f"{packing.MIN_WIDTH}, oneDNN's call costs more than F.linear's; prepack=True forces it)")
     if wanted:
         packing.prepack(pair.target)
         packing.prepack(pair.draft)

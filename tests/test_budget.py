@@ -13,6 +13,7 @@ import torch
 
 from specdec_lib import generate
 from specdec_lib.mechanisms import budget as B
+from specdec_lib.mechanisms import cost_curve as C
 from specdec_lib.mechanisms.draft_tree import DraftTree
 
 from helpers import SHIPPED_PROMPTS, autoregressive_samples, random_lm, repeating_prompt
@@ -20,28 +21,28 @@ from helpers import SHIPPED_PROMPTS, autoregressive_samples, random_lm, repeatin
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings("ignore::specdec_lib.tables.NoFrozenTableWarning")]
 
-FLAT = B.CostCurve.from_points({1: 10.0, 128: 10.5})            # extra rows nearly free (a GPU)
-STEEP = B.CostCurve.from_points({1: 10.0, 2: 20.0, 128: 1280.0})  # every row costs a whole forward
+FLAT = C.CostCurve.from_points({1: 10.0, 128: 10.5})            # extra rows nearly free (a GPU)
+STEEP = C.CostCurve.from_points({1: 10.0, 2: 20.0, 128: 1280.0})  # every row costs a whole forward
 
 
 # ---------------------------------------------------------------- the curve
 
 def test_curve_interpolates_and_extends():
-    curve = B.CostCurve.from_points([(1, 5.0), (5, 9.0), (9, 17.0)])
+    curve = C.CostCurve.from_points([(1, 5.0), (5, 9.0), (9, 17.0)])
     assert curve(1) == 5.0 and curve(3) == 7.0 and curve(7) == 13.0
     assert curve(11) == 21.0  # the last slope (2 ms per row) goes on
     assert curve(0.5) == 5.0
     with pytest.raises(ValueError):
-        B.CostCurve.from_points({0: 1.0})
+        C.CostCurve.from_points({0: 1.0})
     with pytest.raises(ValueError):
-        B.CostCurve.from_points({1: -1.0})
+        C.CostCurve.from_points({1: -1.0})
 
 
 def test_measure_caches_on_disk_keyed_by_model_and_dtype(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
-    monkeypatch.setattr(B, "_MEMO", {})
+    monkeypatch.setattr(C, "_MEMO", {})
     model = random_lm(seed=3, context=256)
-    first = B.CostCurve.measure(model, rows=(1, 4, 16), repeats=2)
+    first = C.CostCurve.measure(model, rows=(1, 4, 16), repeats=2)
     files = list((tmp_path / "costs").glob("curve_*.json"))
     assert len(files) == 1 and first.path == files[0]
     data = json.loads(files[0].read_text())
@@ -51,18 +52,18 @@ def test_measure_caches_on_disk_keyed_by_model_and_dtype(tmp_path, monkeypatch):
     # a new process (no in-memory copy) reads the file instead of measuring: mark the file to see it read
     data["ms"] = [1.0, 2.0, 3.0]
     files[0].write_text(json.dumps(data))
-    monkeypatch.setattr(B, "_MEMO", {})
-    assert B.CostCurve.measure(model, rows=(1, 4, 16)).ms.tolist() == [1.0, 2.0, 3.0]
+    monkeypatch.setattr(C, "_MEMO", {})
+    assert C.CostCurve.measure(model, rows=(1, 4, 16)).ms.tolist() == [1.0, 2.0, 3.0]
     # another dtype or another model is another curve
-    B.CostCurve.measure(model.to(torch.float32), rows=(1, 4), repeats=1)
-    B.CostCurve.measure(random_lm(seed=4, layers=3, context=256), rows=(1, 4), repeats=1)
+    C.CostCurve.measure(model.to(torch.float32), rows=(1, 4), repeats=1)
+    C.CostCurve.measure(random_lm(seed=4, layers=3, context=256), rows=(1, 4), repeats=1)
     assert len(list((tmp_path / "costs").glob("curve_*.json"))) == 3
 
 
 # ---------------------------------------------------------------- the choosers' arithmetic
 
 def test_chain_budget_follows_the_curve():
-    for curve, expected in ((FLAT, 16), (STEEP, 1)):
+    for curve, expected in ((FLAT, 16), (STEEP, 0)):  # STEEP: no chain pays (0: a plain step)
         chooser = B.ChainBudget(curve, max_len=16, explore=0.0)
         for _ in range(20):
             chooser.record(16, 14)  # a high acceptance at every depth
@@ -127,7 +128,7 @@ def test_tree_budget_learns_how_far_past_a_censored_bound_a_larger_tree_goes():
 
 
 def test_tree_budget_switches_only_past_the_margin():
-    curve = B.CostCurve.from_points({1: 10.0, 128: 10.0})
+    curve = C.CostCurve.from_points({1: 10.0, 128: 10.0})
     chooser = B.TreeBudget(curve, [4, 16], margin=0.10, decide_every=1)
     assert chooser.choose()[0] == 16
     for _ in range(20):  # 4 yields 5% more than 16 on the same steps (at equal cost): not enough to switch
@@ -139,7 +140,7 @@ def test_tree_budget_switches_only_past_the_margin():
 
 
 def test_tree_budget_first_step_is_the_largest_nearly_free_candidate():
-    cpu_like = B.CostCurve.from_points({1: 6.0, 9: 6.2, 17: 6.6, 25: 7.8, 97: 14.5})
+    cpu_like = C.CostCurve.from_points({1: 6.0, 9: 6.2, 17: 6.6, 25: 7.8, 97: 14.5})
     assert B.TreeBudget(cpu_like, [8, 16, 24, 96]).choose()[0] == 16  # 6.6 <= 1.15 x 6.0 < 7.8
     assert B.TreeBudget(cpu_like, [8, 16, 24, 96], free=0.5).choose()[0] == 24
 
@@ -155,48 +156,140 @@ def test_tree_yield():
 
 
 def test_cost_curve_is_monotone():
-    curve = B.CostCurve.from_points({1: 6.1, 2: 8.5, 4: 6.2, 8: 6.4})  # a spike at 2 rows: noise
+    curve = C.CostCurve.from_points({1: 6.1, 2: 8.5, 4: 6.2, 8: 6.4})  # a spike at 2 rows: noise
     assert [curve(r) for r in (1, 2, 4, 8)] == pytest.approx([6.1, 6.2, 6.2, 6.4])
+
+
+# ---------------------------------------------------------------- synthetic curves: the best expected speed, or none
+
+CHEAP = C.CostCurve.from_points({1: 10.0, 8: 10.5, 64: 12.0})      # rows nearly free (a GPU)
+DEAR = C.CostCurve.from_points({1: 10.0, 2: 17.0, 64: 450.0})      # every row costs most of a forward
+KERNEL = C.CostCurve.from_points({1: 10.0, 2: 18.0, 8: 19.0, 64: 40.0})  # a kernel switch at 2 rows, flat after
+
+
+def _chain_speeds(chooser, curve, top):
+    """Expected tokens per ms of g = 0..top drafts, by the formula, from the chooser's own per-depth rates."""
+    a = chooser.rates()
+    tokens = [1.0 + sum(np.prod(a[:d]) for d in range(1, g + 1)) for g in range(top + 1)]
+    return [tokens[g] / (chooser.draft_ms(g) + curve(g + 1)) for g in range(top + 1)]
+
+
+@pytest.mark.parametrize("curve, rate, expected", [(CHEAP, 0.6, "draft"), (DEAR, 0.6, 0), (KERNEL, 0.6, "draft"),
+                                                    (KERNEL, 0.3, 0), (DEAR, 0.97, "draft")])
+def test_chain_budget_picks_the_best_expected_speed_on_synthetic_curves(curve, rate, expected):
+    """Every depth accepted with probability `rate`: the chooser's g is the brute-force argmax of
+    E[tokens | g] / t(g + 1) over g = 0..max_len, and 0 (no draft) exactly where no chain beats a plain step.
+    KERNEL: one draft costs 80 % more than a plain step, but seven cost barely more than one, so a chooser
+    that only looked one row ahead would never draft; at rate 0.3 nothing pays."""
+    chooser = B.ChainBudget(curve, max_len=12, explore=0.0, strength=1e-9)
+    for d in range(1, 13):  # per-depth rates exactly `rate`: reached 1000 times, accepted rate x 1000
+        chooser.reached[d], chooser.accepted[d] = 1000, 1000 * rate
+    speeds = _chain_speeds(chooser, curve, 12)
+    g = chooser.choose()
+    assert g == int(np.argmax(speeds)), (g, speeds)
+    assert (g == 0) == (expected == 0), (g, speeds)
+    if curve is KERNEL and expected == "draft":
+        assert g >= 5 and speeds[1] < speeds[0]  # one draft alone would lose to a plain step
+    assert chooser.gain == pytest.approx(speeds[g] / speeds[0])
+
+
+def test_chain_budget_probes_a_draft_after_plain_steps():
+    chooser = B.ChainBudget(DEAR, max_len=8, explore=0.0, probe_every=5)
+    for d in range(1, 9):
+        chooser.reached[d], chooser.accepted[d] = 100, 30
+    picks = [chooser.choose() for _ in range(10)]
+    assert picks[:4] == [0] * 4 and picks[4] >= 1 and picks[5:9] == [0] * 4 and picks[9] >= 1, picks
+    assert B.ChainBudget(DEAR, max_len=8, plain=False).choose() >= 1  # plain=False: always a chain
+
+
+@pytest.mark.parametrize("curve, winner", [(CHEAP, 32), (DEAR, 0), (KERNEL, 8)])
+def test_tree_budget_picks_the_best_expected_speed_on_synthetic_curves(curve, winner):
+    """Ladder 0 (a plain step: 1 token for 1 row) .. 32 nodes, each yielding what a tree of that size would on
+    every step; after many steps the chooser verifies the candidate with the best tokens per ms (the same
+    ranking the brute force gives), and 0 where no tree pays."""
+    ladder = [0, 1, 2, 8, 32]
+    yields = {0: 1.0, 1: 1.5, 2: 1.7, 8: 2.4, 32: 2.8}
+    best = max(ladder, key=lambda b: yields[b] / curve(b + 1))
+    assert best == winner  # the brute force, for the record
+    chooser = B.TreeBudget(curve, ladder, window=len(ladder), above=len(ladder), decide_every=1,
+                           probe_every=10 ** 6, margin=0.0)
+    for _ in range(60):
+        size, others = chooser.choose()
+        chooser.record({b: (yields[b], b + 1) for b in [size, *others]}, verified=size)
+    assert chooser.choose()[0] == winner
+    assert chooser.gain == pytest.approx(yields[winner] / curve(winner + 1) * curve(1), rel=0.05)
+
+
+def test_a_method_budget_honours_a_fixed_value_and_records_its_auto_choices():
+    fixed = B.Budget("gamma", 3, 1)
+    assert not fixed.auto and fixed.choose(100, limit=1) == 3 and fixed.info(3) == dict(draft_size=3)
+    assert fixed.carry(lambda b: None) == {} and fixed.stats() == {}
+    with pytest.raises(ValueError, match="costs"):
+        B.Budget("gamma", 3, 1, costs={1: 1.0})
+    with pytest.raises(ValueError, match=">= 1"):
+        B.Budget("gamma", 0, 1)
+    assert B.Budget("query", None, optional=True).choose(10) is None  # no budget of its own
+    with pytest.raises(TypeError, match="gamma must be an int"):
+        B.Budget("gamma", None)
+
+
+def test_methods_decode_plainly_where_no_draft_pays_and_stay_lossless():
+    """Each row costs more than a whole plain step (so even a draft accepted every time loses): prompt lookup
+    and a draft model fall to plain steps (draft size 0) on most steps, probe a draft now and then, and emit the
+    target's own tokens; the records carry each step's expected gain."""
+    never = C.CostCurve.from_points({1: 10.0, 2: 21.0, 64: 700.0})
+    target = random_lm(seed=5, logit_scale=20.0)
+    ids = repeating_prompt(30, 5, target.config.vocab_size)
+    reference = generate("hf", target, ids, 64).new_tokens
+    for method, kwargs in (("prompt_lookup", dict(num_tokens="auto", costs=never)),
+                           ("draft_model", dict(gamma="auto", costs=never, draft=random_lm(seed=9, layers=1),
+                                                draft_costs=C.CostCurve.from_points({1: 5.0, 64: 9.0})))):
+        result = generate(method, target, ids, 64, **kwargs)
+        assert result.new_tokens == reference, method
+        sizes = _budgets(result, method)
+        assert sizes.count(0) > len(sizes) / 2 and max(sizes) >= 1, (method, sizes)
+        gains = [s["expected_gain"] for s in result.stats["steps"] if "draft_size" in s]
+        assert all(g is not None and g > 0 for g in gains), gains
 
 
 # ---------------------------------------------------------------- the cost at a context
 
 def test_context_costs_interpolate_in_the_prefix_and_never_fall():
-    short = B.CostCurve.from_points({1: 5.0, 9: 6.0})
-    long = B.CostCurve.from_points({1: 9.0, 9: 18.0})
-    costs = B.ContextCosts({256: short, 1280: long})
+    short = C.CostCurve.from_points({1: 5.0, 9: 6.0})
+    long = C.CostCurve.from_points({1: 9.0, 9: 18.0})
+    costs = C.ContextCosts({256: short, 1280: long})
     assert costs.at(0) is short and costs.at(256) is short
     assert costs(1, 768) == pytest.approx(7.0) and costs(9, 768) == pytest.approx(12.0)  # halfway
     assert costs(9, 2304) == pytest.approx(30.0)  # beyond the last prefix: its slope goes on (12 ms per 1024)
-    assert costs.at(800) is costs.at(800 + B.CONTEXT_STEP - 800 % B.CONTEXT_STEP - 1)  # memoised per step
-    noisy = B.ContextCosts({256: long, 1280: short})  # a longer prefix measured cheaper: noise, not a saving
+    assert costs.at(800) is costs.at(800 + C.CONTEXT_STEP - 800 % C.CONTEXT_STEP - 1)  # memoised per step
+    noisy = C.ContextCosts({256: long, 1280: short})  # a longer prefix measured cheaper: noise, not a saving
     assert noisy(9, 5000) == long(9)
-    assert B.CostCurve.from_points({1: 5.0}).at(10**6)(1) == 5.0  # one curve serves every context
+    assert C.CostCurve.from_points({1: 5.0}).at(10**6)(1) == 5.0  # one curve serves every context
 
 
 def test_context_costs_measure_each_prefix_once(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
-    monkeypatch.setattr(B, "_MEMO", {})
+    monkeypatch.setattr(C, "_MEMO", {})
     model = random_lm(seed=3, context=512)
-    costs = B.ContextCosts.measure(model, upto=300, prefixes=(64, 256, 400), rows=(1, 4), repeats=1)
+    costs = C.ContextCosts.measure(model, upto=300, prefixes=(64, 256, 400), rows=(1, 4), repeats=1)
     assert costs.prefixes == [64, 256]  # up to the context the generation reaches
     assert len(list((tmp_path / "costs").glob("curve_*.json"))) == 2
-    costs = B.ContextCosts.measure(model, upto=10**4, prefixes=(64, 256, 400, 1024), rows=(1, 4), repeats=1)
+    costs = C.ContextCosts.measure(model, upto=10**4, prefixes=(64, 256, 400, 1024), rows=(1, 4), repeats=1)
     assert costs.prefixes == [64, 256, 400, 508]  # 1024 clipped to the model's context: 512 - 4 rows
     assert len(list((tmp_path / "costs").glob("curve_*.json"))) == 4  # 64 and 256 read back, not measured
-    monkeypatch.setattr(B, "_MEMO", {})  # a new process: every curve read from its file
-    again = B.ContextCosts.measure(model, upto=10**4, prefixes=(64, 256, 400, 1024), rows=(1, 4), repeats=1)
+    monkeypatch.setattr(C, "_MEMO", {})  # a new process: every curve read from its file
+    again = C.ContextCosts.measure(model, upto=10**4, prefixes=(64, 256, 400, 1024), rows=(1, 4), repeats=1)
     assert again.prefixes == costs.prefixes and repr(again) == repr(costs)
 
 
 def test_budgets_shrink_as_the_context_grows():
-    costs = B.ContextCosts({256: FLAT, 16384: STEEP})  # rows nearly free at 256 tokens, a forward each at 16k
+    costs = C.ContextCosts({256: FLAT, 16384: STEEP})  # rows nearly free at 256 tokens, a forward each at 16k
     chain = B.ChainBudget(costs, max_len=16, explore=0.0)
     tree = B.TreeBudget(costs, [4, 16, 64], probe_every=1000, decide_every=1)
     for _ in range(20):
         chain.record(16, 14)
         tree.record({16: (3, 17), 4: (2, 5), 64: (4, 65)}, verified=16)
-    assert chain.choose(context=256) == 16 and chain.choose(context=16384) == 1
+    assert chain.choose(context=256) == 16 and chain.choose(context=16384) == 0  # 16k: no chain pays
     assert tree.choose(context=256)[0] == 64 and tree.choose(context=16384)[0] == 4
     assert B.TreeBudget(costs, [4, 16, 64], context=16384).choose()[0] == 4  # the first guess reads it too
 
@@ -219,8 +312,8 @@ def test_a_rung_that_drafts_nothing_is_never_the_first_guess_nor_taken_on_little
 def test_cheap_rows_are_priced_at_their_own_context():
     """FAFO's fumble rows read C(kv) only: a step of r full rows + 60 cheap ones costs t_ctx(r) + what the 60
     add at the compressed length."""
-    costs = B.ContextCosts({128: B.CostCurve.from_points({1: 5.0, 61: 8.0, 128: 11.35}),
-                            16384: B.CostCurve.from_points({1: 20.0, 128: 147.0})})
+    costs = C.ContextCosts({128: C.CostCurve.from_points({1: 5.0, 61: 8.0, 128: 11.35}),
+                            16384: C.CostCurve.from_points({1: 20.0, 128: 147.0})})
     chooser = B.TreeBudget(costs, [0, 1, 4], context=16384, cheap_rows=60, cheap_context=128)
     assert chooser.step_ms(1) == pytest.approx(20.0 + 8.0 - 5.0)
     assert chooser.step_ms(5) == pytest.approx(24.0 + (8.0 + 0.05 * 4) - (5.0 + 0.05 * 4))
@@ -258,7 +351,7 @@ AUTO = {"cacheback": dict(tdl="auto"), "prompt_lookup": dict(num_tokens="auto"),
 def _auto(method, curve):
     kwargs = dict(AUTO[method], costs=curve)
     if method == "draft_model":
-        kwargs["draft_costs"] = B.CostCurve.from_points({1: 2.0, 128: 4.0})
+        kwargs["draft_costs"] = C.CostCurve.from_points({1: 2.0, 128: 4.0})
     return kwargs
 
 
@@ -310,7 +403,7 @@ def test_auto_budgets_follow_the_context_and_stay_lossless(method):
     target = random_lm(seed=5, logit_scale=20.0)
     ids = repeating_prompt(30, 5, target.config.vocab_size)
     reference = generate("hf", target, ids, 96).new_tokens
-    result = generate(method, target, ids, 96, **_auto(method, B.ContextCosts({64: FLAT, 96: STEEP})))
+    result = generate(method, target, ids, 96, **_auto(method, C.ContextCosts({64: FLAT, 96: STEEP})))
     assert result.new_tokens == reference
     sizes = _budgets(result, method)
     assert max(sizes[:3]) > max(sizes[-3:]), sizes

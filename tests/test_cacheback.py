@@ -92,7 +92,7 @@ def test_repetitive_prompt_gets_long_acceptances(models):
     reference = generate("hf", target, ids, 40).new_tokens
     result = _quiet("cacheback", target, ids, 40, debug=True)
     assert result.new_tokens == reference
-    assert result.mean_accepted > 3 and max(result.accept_lengths) >= 8
+    assert result.mat > 3 and max(result.accept_lengths) >= 8
     assert result.stats["acceptance_rate"] > 0
 
 
@@ -113,7 +113,7 @@ def test_shipped_pair_float64_with_and_without_frozen_table(tiny_pair64, tiny_pa
                 assert used.endswith(frozen_table_path(1, 3).name)
         # the frozen table drafts from the first step on, whatever the prompt
         dual = generate("cacheback", target, ids, 48)
-        assert dual.stats["steps"][0]["tree_size"] > 0 and dual.mean_accepted > 1
+        assert dual.stats["steps"][0]["tree_size"] > 0 and dual.mat > 1
 
 
 def test_frozen_table_is_cut_to_lc_fc(tiny_pair64):
@@ -277,7 +277,7 @@ def test_capped_proposal_keeps_the_shallow_part_of_every_branch():
     q = torch.arange(len(tree), dtype=torch.float64)[:, None].repeat(1, 3)  # row i marks node i
     proposal = loop.Proposal(tree, q=q)
     capped = proposal.capped(2).tree
-    assert capped.max_depth == 2 and capped.root == 9
+    assert capped.depth == 2 and capped.root == 9
     assert sorted(map(capped.path_tokens, range(len(capped)))) == sorted(
         tree.path_tokens(i) for i in range(len(tree)) if tree.depths[i] <= 2)
     kept = [i for i in range(len(tree)) if tree.depths[i] <= 2]

@@ -143,7 +143,7 @@ def test_thread_mode_gives_the_sync_greedy_tokens(models, self_draft):
     assert stats["config"]["mode"] == "thread" and stats["target_busy"] and stats["discarded_layers"] >= 0
     assert len(stats["draft_busy"]) == stats["draft_layers"] + stats["discarded_layers"]  # every draft forward
     if self_draft:
-        assert sync.stats["hit_rate"] > 0.5 and sync.mean_accepted > 2
+        assert sync.stats["hit_rate"] > 0.5 and sync.mat > 2
     assert all(s["hit"] in (True, False) for s in result.stats["steps"])
     assert not drafter_threads()
 
@@ -200,7 +200,7 @@ def test_a_worker_exception_reaches_the_caller(models, monkeypatch):
 
 @pytest.mark.parametrize("settings, exc", [
     (dict(width=0), ValueError), (dict(width=True), TypeError), (dict(ratio=0), ValueError),
-    (dict(ratio=2.0), TypeError), (dict(max_depth=0), ValueError), (dict(mode="async"), ValueError),
+    (dict(ratio=2.0), TypeError), (dict(draft_depth=0), ValueError), (dict(mode="async"), ValueError),
     (dict(correction=0), TypeError), (dict(correction=False, mode="thread"), ValueError),
     (dict(mode="thread", draft_device="cuda"), ValueError), (dict(draft_device="cpu"), ValueError)])
 def test_bad_settings_raise(models, settings, exc):
@@ -246,7 +246,7 @@ def test_process_mode_gives_the_sync_greedy_tokens(models, self_draft):
     assert all(s["hit"] in (True, False) for s in stats["steps"])
     assert stats["hits"] + stats["misses"] == result.target_forwards
     if self_draft:  # the drafter is the target: every chain is accepted whole (hits depend on timing here)
-        assert result.mean_accepted > 2 and all(s["accepted"] == s["tree_size"] for s in stats["steps"])
+        assert result.mat > 2 and all(s["accepted"] == s["tree_size"] for s in stats["steps"])
     assert torch.get_num_threads() == 1 and not drafter_threads()  # the one_thread fixture's value is back
 
 
@@ -300,7 +300,7 @@ def test_no_correction_ablation_is_lossless_and_waits_out_a_stale_tree(models):
     reference = generate("hf", target, ids, 40).new_tokens
     for drafter in (draft, target):
         plain = generate("card", target, ids, 40, draft=drafter, debug=True)
-        ablated = generate("card", target, ids, 40, draft=drafter, correction=False, max_depth=6, debug=True)
+        ablated = generate("card", target, ids, 40, draft=drafter, correction=False, draft_depth=6, debug=True)
         assert plain.new_tokens == ablated.new_tokens == reference
         assert ablated.stats["config"]["correction"] is False and ablated.stats["misses"] > 0
         steps = ablated.stats["steps"]

@@ -118,9 +118,9 @@ def test_hf_peers_accept_lengths_match_independent_counts(pair, method):
     assert len(result.accept_lengths) == counted.calls
     assert all(a >= 1 for a in result.accept_lengths), result.accept_lengths
     assert sum(result.accept_lengths) == n
-    assert result.mean_accepted == pytest.approx(n / counted.calls)
+    assert result.mat == pytest.approx(n / counted.calls)
     if method == "hf":
-        assert result.accept_lengths == [1] * n and result.mean_accepted == 1.0
+        assert result.accept_lengths == [1] * n and result.mat == 1.0
 
 
 def test_assisted_generation_fix_applies_at_5_15_only_and_is_undone():

@@ -241,11 +241,11 @@ def test_cacheback_learns_from_generated_text(monkeypatch):
     repeats = [j for j in range(1, len(out)) if out[j] in out[:j]]
     assert len(repeats) > 30, "the continuation must repeat itself (a loop) for this test to mean anything"
     learned = generate("cacheback", target, prompt, 60, frozen=False)
-    assert learned.new_tokens == out and learned.mean_accepted > 2.0
+    assert learned.new_tokens == out and learned.mat > 2.0
     # Sensitivity: with the table never updated after the prompt, the same text gets (almost) nothing accepted.
     monkeypatch.setattr(NgramTable, "update_new", lambda self, tokens, n_new: None)
     frozen_at_prompt = generate("cacheback", target, prompt, 60, frozen=False)
-    assert frozen_at_prompt.new_tokens == out and frozen_at_prompt.mean_accepted < 1.3
+    assert frozen_at_prompt.new_tokens == out and frozen_at_prompt.mat < 1.3
 
 
 def test_every_proposer_drafts_on_generated_text(random_pairs):
@@ -253,4 +253,4 @@ def test_every_proposer_drafts_on_generated_text(random_pairs):
     draft = random_lm("llama", vocab=97, layers=2, seed=11, logit_scale=20.0)  # a draft equal to the target
     for method in [m for m in ALL if METHODS[m].accepts("debug") and m != "autoregressive"]:
         result = run(method, target, prompt, 60, draft, **({"frozen": False} if method == "cacheback" else {}))
-        assert result.stats["accepted"] > 20 and result.mean_accepted > 1.5, method
+        assert result.stats["accepted"] > 20 and result.mat > 1.5, method

@@ -79,7 +79,7 @@ def test_step_one_keeps_the_prompts_features_and_no_extra_target_pass(tiny_pair6
     assert result.new_tokens == generate("hf", target, ids, 24).new_tokens
     assert len(calls) == result.target_forwards  # one target forward per step, the prompt's included
     assert calls[0] == ids.shape[1]  # step 1: a plain step whose forward keeps every prompt row
-    assert result.stats["head_forwards"] > 0 and result.mean_accepted > 1.5
+    assert result.stats["head_forwards"] > 0 and result.mat > 1.5
 
 
 def test_the_shipped_head_drafts_deeper_than_the_draft_model_agrees(tiny_pair64, tiny_pair):
@@ -89,8 +89,8 @@ def test_the_shipped_head_drafts_deeper_than_the_draft_model_agrees(tiny_pair64,
     mats = {"eagle": [], "draft_model": []}
     for text in SHIPPED_PROMPTS:
         ids = tiny_pair.encode(text)
-        mats["eagle"].append(generate("eagle", target, ids, 48, budget=6).mean_accepted)
-        mats["draft_model"].append(generate("draft_model", target, ids, 48, draft=draft, gamma=6).mean_accepted)
+        mats["eagle"].append(generate("eagle", target, ids, 48, budget=6).mat)
+        mats["draft_model"].append(generate("draft_model", target, ids, 48, draft=draft, gamma=6).mat)
     assert sum(mats["eagle"]) > sum(mats["draft_model"]), mats
 
 

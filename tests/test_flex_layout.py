@@ -1,4 +1,4 @@
-"""FAFO's KV layout (mechanisms/flex_layout.py, compression.py): exact against slow references.
+"""FAFO's KV layout (mechanisms/flex_layout.py, attention.py, compression.py): exact against slow references.
 
 - attention over the managed (swapped, compacted) layout equals attention over the logical sets gathered the
   slow way, for full and compressed rows, random appends / compactions / swaps (float64, 1e-10), in the three
@@ -18,7 +18,6 @@ import torch
 
 from helpers import SHIPPED_PROMPTS, random_lm
 from specdec_lib import compat, generate
-from specdec_lib.mechanisms import flex_backend as fl_backend
 from specdec_lib.mechanisms import flex_layout as fl
 from specdec_lib.mechanisms.compression import CacheView, Quest, StreamingLLM
 from specdec_lib.methods.autoregressive import greedy_through_store
@@ -54,18 +53,13 @@ def logical_reference(log, rows, sees, flags, compression, queries=None):
 
 
 def layout_attention(store, q):
-    """Attention of every layer through the store's mask and buffers, as the model's attention would run it."""
+    """Attention of every layer through the store's mask and buffers, run by its attention mode (attention.py) as
+    the model's attention function runs it."""
     mask = store._forwards[store._rows].block_mask
     outs = []
     for layer in range(store.layers_n):
-        k, v = store.keys[layer][None], store.values[layer][None]
-        if store.attention == "split":
-            outs.append(fl_backend.split_attention(store, q[layer][None], k, v)[0])
-        elif store.attention == "dense":
-            outs.append(torch.nn.functional.scaled_dot_product_attention(
-                q[layer][None], k, v, attn_mask=store.dense_mask(), enable_gqa=True)[0])
-        else:
-            outs.append(fl.flex(q[layer][None], k, v, mask, compiled=store.attention == "compiled")[0])
+        k, v = store.keys[layer][None], store.values[layer][None]  # (1, kv_heads, capacity, dim)
+        outs.append(store.attention_mode(store, q[layer][None], k, v, mask)[0])
     return torch.stack(outs)  # (layers, heads, R, dim)
 
 
@@ -309,9 +303,9 @@ def test_benchmark_counts_the_blocks_each_case_loads():
 def test_auto_attention_falls_back_to_split_where_compiled_flex_fails(monkeypatch):
     """On a GPU "auto" takes compiled flex only where it compiles and runs for the model's shapes (probed once);
     a T4's shared memory, say, refuses Triton's kernel: then split, saying why. The probe is faked here."""
-    from specdec_lib.mechanisms import flex_backend
+    from specdec_lib.mechanisms import attention, flex_backend
 
-    assert flex_backend.choose_attention("cpu", torch.float32, 8, 2, 64)[0] == "split"
+    assert attention.choose_attention("cpu", torch.float32, 8, 2, 64)[0] == "split"
     probes = []
 
     def fake_probe(device, dtype, heads, kv_heads, head_dim):
@@ -320,10 +314,10 @@ def test_auto_attention_falls_back_to_split_where_compiled_flex_fails(monkeypatc
 
     monkeypatch.setattr(flex_backend, "_probe_compiled_flex", fake_probe)
     monkeypatch.setattr(flex_backend, "_PROBED", {})
-    mode, why = flex_backend.choose_attention("cuda", torch.float16, 8, 2, 64)
+    mode, why = attention.choose_attention("cuda", torch.float16, 8, 2, 64)
     assert mode == "split" and "shared memory" in why
-    assert flex_backend.choose_attention("cuda", torch.float16, 8, 2, 64)[0] == "split"
-    assert flex_backend.choose_attention("cuda", torch.bfloat16, 8, 2, 64)[0] == "compiled"
+    assert attention.choose_attention("cuda", torch.float16, 8, 2, 64)[0] == "split"
+    assert attention.choose_attention("cuda", torch.bfloat16, 8, 2, 64)[0] == "compiled"
     assert probes == [(torch.float16, 64), (torch.bfloat16, 64)], "each device/dtype/shape is probed once"
 
 

@@ -26,10 +26,10 @@ def test_shipped_pair_float32_parity_and_speculation(tiny_pair):
     assert assisted.new_tokens == reference.new_tokens
     # The assistant really drafts: fewer target forwards than tokens, gamma draft forwards per step at most.
     assert assisted.target_forwards < len(assisted.new_tokens)
-    assert assisted.mean_accepted > 1.0
+    assert assisted.mat > 1.0
     assert assisted.stats["draft_forwards"] >= assisted.target_forwards
     autoregressive = generate("autoregressive", tiny_pair.target, ids, 64)
-    assert autoregressive.accept_lengths == [1] * 64 and autoregressive.mean_accepted == 1.0
+    assert autoregressive.accept_lengths == [1] * 64 and autoregressive.mat == 1.0
 
 
 def test_eos_none_never_stops_even_at_the_models_default_eos():
@@ -153,7 +153,7 @@ def test_draft_in_another_dtype_is_a_documented_choice():
     draft = random_lm("llama", seed=3, logit_scale=20.0).to(torch.float32)  # the target itself, in float32
     ids = repeating_prompt(12, 3)
     result = generate("draft_model", target, ids, 20, draft=draft, debug=True)
-    assert result.new_tokens == generate("hf", target, ids, 20).new_tokens and result.mean_accepted > 1.5
+    assert result.new_tokens == generate("hf", target, ids, 20).new_tokens and result.mat > 1.5
 
 
 def test_mismatched_draft_vocabulary():

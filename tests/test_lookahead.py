@@ -114,7 +114,7 @@ def test_warm_up_then_the_pool_fills_from_the_columns():
     # the guesses under the root: pool n-grams as a tree, cut to the budget
     state.committed.append(7)
     proposal = proposer.propose(state, max_depth=2)
-    assert len(proposal.tree) == 4 and proposal.tree.max_depth == 2  # two guesses of N - 1 = 3, cut to 2
+    assert len(proposal.tree) == 4 and proposal.tree.depth == 2  # two guesses of N - 1 = 3, cut to 2
     assert {tuple(proposal.tree.path_tokens(leaf)) for leaf in proposal.tree.leaves()} == {(23, 33), (21, 31)}
     assert proposal.info == dict(guesses=2, levels=N - 1, pool=proposer.pool.size, draft_size=2)
     assert proposal.side.depths == [1 + i + j for i in range(N - 1) for j in range(W)]
@@ -127,7 +127,7 @@ def test_accepts_guesses_on_repetitive_text_shipped_pair(tiny_pair):
     reference = generate("hf", tiny_pair.target, ids, 48).new_tokens
     result = generate("lookahead", tiny_pair.target, ids, 48, debug=True)
     assert result.new_tokens == reference
-    assert result.mean_accepted > 1.2 and result.stats["accepted"] > 0
+    assert result.mat > 1.2 and result.stats["accepted"] > 0
     steps = result.stats["steps"]
     assert {"guesses", "levels", "pool"} <= set(steps[0]) and any(s["guesses"] for s in steps)
     assert result.stats["config"] == dict(window=7, ngram=5, guesses=7, from_text=True, seed=0)
@@ -141,11 +141,11 @@ def test_drafts_from_the_window_on_generated_text():
     out = generate("hf", target, prompt, 60).new_tokens
     window_only = generate("lookahead", target, prompt, 60, from_text=False, debug=True)
     assert window_only.new_tokens == out
-    assert window_only.stats["window_ngrams"] > 0 and window_only.mean_accepted > 2.0
+    assert window_only.stats["window_ngrams"] > 0 and window_only.mat > 2.0
     small = generate("lookahead", target, prompt, 60, window=4, ngram=3, guesses=4, from_text=False)
-    assert small.new_tokens == out and small.mean_accepted > 1.5
+    assert small.new_tokens == out and small.mat > 1.5
     no_guesses = generate("lookahead", target, prompt, 60, guesses=0)
-    assert no_guesses.new_tokens == out and no_guesses.mean_accepted == 1.0
+    assert no_guesses.new_tokens == out and no_guesses.mat == 1.0
 
 
 @pytest.mark.parametrize("ngram", [2, 5])

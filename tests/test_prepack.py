@@ -9,7 +9,7 @@ import torch
 from torch.nn import functional as F
 
 from specdec_lib import models, prepack
-from specdec_lib.mechanisms.budget import model_key
+from specdec_lib.mechanisms.cost_curve import model_key
 
 pytestmark = pytest.mark.skipif(not prepack.available(), reason="this torch build has no oneDNN packed linear")
 
@@ -61,7 +61,9 @@ def test_other_dtypes_and_copies():
 
 
 def test_load_models_packs_on_a_cpu_in_float32_only():
-    pair = models.load_models("tiny")
+    narrow = models.load_models("tiny")  # "auto": the tiny pair (width 256) is too narrow for packing to pay
+    assert not prepack.is_prepacked(narrow.target) and "too narrow" in narrow.choices["linear"]
+    pair = models.load_models("tiny", prepack=True)  # forced
     assert pair.choices["linear"].startswith("prepacked") and prepack.is_prepacked(pair.target)
     assert prepack.is_prepacked(pair.draft)
     plain = models.load_models("tiny", prepack=False)

@@ -85,10 +85,10 @@ def test_tree_step_matches_sequential_decoding(models, kind, seed):
     with torch.no_grad():
         greedy, _ = greedy_continuation(model, copy.deepcopy(base), root, 9)
         tree = random_tree(rng, root, greedy[: rng.randint(1, 8)], n_random=rng.randint(5, 60))
-        assert tree.max_depth <= 8 and max(len(tree.children(i)) for i in [ROOT, *range(len(tree))]) <= 16 + 1
+        assert tree.depth <= 8 and max(len(tree.children(i)) for i in [ROOT, *range(len(tree))]) <= 16 + 1
 
         cache = copy.deepcopy(base)
-        accepted, tokens, bonus, logits = verify_tree(model, cache, tree, len(prefix))
+        accepted, tokens, next_token, logits = verify_tree(model, cache, tree, len(prefix))
         assert logits.shape == (len(tree) + 1, VOCAB)
 
         # (a) every row equals sequential decoding along its own path (one leaf path covers its ancestors)
@@ -111,12 +111,12 @@ def test_tree_step_matches_sequential_decoding(models, kind, seed):
                 break
             walk.append(child)
             node = child
-        assert accepted == walk and tokens == greedy[: len(walk)] and bonus == greedy[len(walk)]
+        assert accepted == walk and tokens == greedy[: len(walk)] and next_token == greedy[len(walk)]
 
         # (c) compaction: the cache now holds prefix + root + accepted; decoding goes on exactly
         assert cache_length(cache) == len(prefix) + 1 + len(accepted)
-        cont, cont_logits = greedy_continuation(model, cache, bonus, 3)
-        full = prefix + [root] + tokens + [bonus] + cont[:2]
+        cont, cont_logits = greedy_continuation(model, cache, next_token, 3)
+        full = prefix + [root] + tokens + [next_token] + cont[:2]
         fresh = model(input_ids=torch.tensor([full])).logits[0, -3:]
         torch.testing.assert_close(torch.stack(cont_logits), fresh, rtol=0, atol=TOL)
 
@@ -125,7 +125,7 @@ def test_tree_step_matches_sequential_decoding(models, kind, seed):
             cropped = copy.deepcopy(base)
             verify_tree(model, cropped, tree, len(prefix), compact=False)
             rollback(cropped, len(prefix) + 1 + len(accepted))
-            _, wrong = greedy_continuation(model, cropped, bonus, 1)
+            _, wrong = greedy_continuation(model, cropped, next_token, 1)
             assert (wrong[0] - fresh[0]).abs().max() > 1e-3
 
 
@@ -164,9 +164,9 @@ def test_empty_tree_is_one_autoregressive_step(models):
     model = models["llama"]
     with torch.no_grad():
         cache = prefill(model, [5, 6, 7])
-        accepted, tokens, bonus, logits = verify_tree(model, cache, DraftTree(8), 3)
+        accepted, tokens, next_token, logits = verify_tree(model, cache, DraftTree(8), 3)
         expected = int(model(input_ids=torch.tensor([[5, 6, 7, 8]])).logits[0, -1].argmax())
-    assert (accepted, tokens, bonus, cache_length(cache)) == ([], [], expected, 4)
+    assert (accepted, tokens, next_token, cache_length(cache)) == ([], [], expected, 4)
 
 
 def test_walk_follows_every_sibling_that_repeats_a_token(models):
@@ -175,7 +175,7 @@ def test_walk_follows_every_sibling_that_repeats_a_token(models):
     model = models["llama"]
     prefix = [5, 6, 7]
     with torch.no_grad():
-        g, _ = greedy_continuation(model, prefill(model, prefix), 8, 4)  # g[0..2] follow the root; g[3] = bonus
+        g, _ = greedy_continuation(model, prefill(model, prefix), 8, 4)  # g[0..2] follow the root; g[3] comes next
         wrong = (g[1] + 1) % VOCAB
         tree = DraftTree(8)
         tree.add_chain(ROOT, [g[0], wrong])  # first copy of g[0]: a dead end after one token
@@ -185,7 +185,7 @@ def test_walk_follows_every_sibling_that_repeats_a_token(models):
         verdict = verify_tree(model, cache, tree, len(prefix))
         after = compat.forward(model, input_ids=torch.tensor([[g[3]]]), cache=cache, use_cache=True).logits[0, -1]
         fresh = model(input_ids=torch.tensor([prefix + [8] + g])).logits[0, -1]
-    assert verdict.accepted == deep and verdict.tokens == g[:3] and verdict.bonus == g[3]
+    assert verdict.accepted == deep and verdict.tokens == g[:3] and verdict.next_token == g[3]
     torch.testing.assert_close(after, fresh, rtol=0, atol=1e-9)  # the committed cache is that chain's
 
 
@@ -280,12 +280,12 @@ def test_sampled_first_token_follows_p():
         cache = prefill(model, [1, 2, 4])
         logits = verify_tree(model, cache, tree, 3, compact=False).logits
         for seed in range(n):
-            accepted, tokens, bonus = walk_tree(tree, logits, cfg, make_generator(seed, "cpu"))
+            accepted, tokens, next_token = walk_tree(tree, logits, cfg, make_generator(seed, "cpu"))
             counts[tokens[0]] += 1
             if seed < 40:
                 rollback(cache, 3)
                 verdict = verify_tree(model, cache, tree, 3, cfg, make_generator(seed, "cpu"), compact=False)
-                assert (verdict.accepted, verdict.tokens, verdict.bonus) == (accepted, tokens, bonus)
+                assert (verdict.accepted, verdict.tokens, verdict.next_token) == (accepted, tokens, next_token)
         p = probs(model(input_ids=torch.tensor([[1, 2, 4, 3]])).logits[0, -1], cfg).double()
     assert counts[p == 0].sum() == 0  # top-k removed tokens are never drawn
     assert p.max() < 0.5 and (p > 0).sum() == 8 and n * p[p > 0].min() >= 5  # spread, and chi-square valid
@@ -299,7 +299,7 @@ def test_sampled_first_token_follows_p():
 def test_sampled_tree_step_reproduces_autoregressive_sampling():
     """Lossless, draw for draw: with the same seed, one tree step emits the same tokens autoregressive
     sampling does (one pick_token per emitted token, from the same p). The tree holds every 2-token
-    sequence, so two tokens are accepted and the third is the bonus."""
+    sequence, so two tokens are accepted and the third is the next token."""
     vocab = 11
     model = random_lm("qwen2", vocab=vocab, seed=6, logit_scale=40.0)
     cfg = SamplingConfig(temperature=1.0, top_p=0.95)
@@ -318,7 +318,7 @@ def test_sampled_tree_step_reproduces_autoregressive_sampling():
                 logits = compat.forward(model, input_ids=torch.tensor([[feed]]), cache=cache).logits[0, -1]
                 feed = pick_token(logits, cfg, gen)
                 ar.append(feed)
-            assert verdict.tokens + [verdict.bonus] == ar
+            assert verdict.tokens + [verdict.next_token] == ar
 
 
 # ---- DraftTree and grow_tree ------------------------------------------------------------------------
@@ -335,7 +335,7 @@ class DictTable:
 
 def test_draft_tree_helpers():
     tree = DraftTree(9, [2, 6, 5, 3, 5], [-1, -1, 0, 0, 2])
-    assert len(tree) == 5 and tree.depths == [1, 1, 2, 2, 3] and tree.max_depth == 3
+    assert len(tree) == 5 and tree.depths == [1, 1, 2, 2, 3] and tree.depth == 3
     assert tree.children() == [0, 1] and tree.children(0) == [2, 3] and tree.children(4) == []
     assert tree.path_to(4) == [0, 2, 4] and tree.path_to(ROOT) == [] and tree.path_tokens(4) == [2, 5, 5]
     assert tree.leaves() == [1, 3, 4] and tree.paths() == [[1], [0, 3], [0, 2, 4]]
@@ -367,7 +367,7 @@ def test_grow_tree_budget_and_crt():
     tree = grow_tree([0], [loop], tdl=10, crt=3, refed=1)
     # B = 10 - 1 = 9 draft nodes; level 0 may use 9 - 3 = 6 (two chains); level 1 adds one chain
     assert len(tree) == 9 and [tree.depths[i] for i in range(9)] == [1, 2, 3, 1, 2, 3, 4, 5, 6]
-    assert len(grow_tree([0], [loop], tdl=10, crt=0)) == 9 and grow_tree([0], [loop], tdl=10, crt=0).max_depth == 3
+    assert len(grow_tree([0], [loop], tdl=10, crt=0)) == 9 and grow_tree([0], [loop], tdl=10, crt=0).depth == 3
     rng = random.Random(0)
     for _ in range(200):
         fl = rng.randint(1, 4)

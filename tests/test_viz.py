@@ -241,9 +241,9 @@ def test_gamma_sweep_figure_one_line_per_method():
     assert list(fig.data[3].y) == [1.8, 2.5]
     assert [t.showlegend for t in fig.data] == [True, False, True, False]
     assert list(fig.layout.xaxis.tickvals) == [2, 4]
-    only = bench.gamma_sweep_figure(table.rename(columns={"mat": "mean_accepted"}), methods=["draft_model"])
+    only = bench.gamma_sweep_figure(table, methods=["draft_model"])
     assert len(only.data) == 2
-    with pytest.raises(KeyError, match="tokens/s"):
+    with pytest.raises(KeyError, match="no column tokens_per_s"):
         bench.gamma_sweep_figure(table.drop(columns="tokens_per_s"))
 
 
@@ -256,13 +256,14 @@ def test_cost_figure_one_line_per_group():
     assert list(fig.data[1].y) == [2.0, 2.1, 2.2] and fig.layout.xaxis.type == "log"
 
 
-def test_pick_column_takes_the_first_name_present():
-    table = pd.DataFrame(dict(method=["a"], tokens_per_second=[1.0], mean_accepted=[2.0]))
-    assert common.pick_column(table, common.TOKENS_PER_S, "tokens/s") == "tokens_per_second"
-    assert common.pick_column(table, common.MAT_COLUMNS, "MAT") == "mean_accepted"
-    with pytest.raises(KeyError, match="no MAT column"):
-        common.pick_column(table.drop(columns="mean_accepted"), common.MAT_COLUMNS, "MAT")
+def test_summary_figures_read_one_name_per_quantity():
+    table = pd.DataFrame(dict(method=["a"], tokens_per_s=[1.0], mat=[2.0]))
+    common.need_columns(table, "tokens_per_s", "mat")
+    with pytest.raises(KeyError, match="no column mat; columns"):
+        common.need_columns(table.drop(columns="mat"), "tokens_per_s", "mat")
     assert bench.bench_figure(table).data[1].y == (2.0,)  # the same names in every summary figure
+    with pytest.raises(KeyError, match="no column tokens_per_s"):  # no other spelling is read
+        bench.bench_figure(table.rename(columns={"tokens_per_s": "tokens_per_second"}))
 
 
 # the package: one module per subject, re-exported by name

@@ -96,7 +96,7 @@ def test_tree_layout_chains_are_straight(small_tree):
 
 
 def test_tree_figure_nodes_edges_and_accepted_path(small_tree):
-    fig = trees.tree_figure(small_tree, decode=decode, accepted=[3, 4], bonus=9)
+    fig = trees.tree_figure(small_tree, decode=decode, accepted=[3, 4], next_token=9)
     traces = {t.name: t for t in fig.data}
     nodes = traces["nodes"]
     assert len(nodes.x) == len(small_tree) + 1  # one point per node plus the root
@@ -108,7 +108,7 @@ def test_tree_figure_nodes_edges_and_accepted_path(small_tree):
     assert list(path.x) == [1, 2]
     edges = [v for v in traces["edges"].x]
     assert edges.count(None) == len(small_tree)  # one segment per node, to its parent
-    assert list(traces["bonus token"].text) == [decode([9])] and list(traces["bonus token"].x) == [3]
+    assert list(traces["next token"].text) == [decode([9])] and list(traces["next token"].x) == [3]
     plain = trees.tree_figure(small_tree)
     assert [t.name for t in plain.data] == ["edges", "nodes"]
     assert list(plain.data[1].text)[1:] == ["1", "2", "3", "4", "5", "6"]
@@ -198,7 +198,7 @@ def test_budget_explorer_draws_one_tree_per_shape_and_redraws_on_the_budget():
         calls.append((prompt, budget))
         chain = DraftTree.chain(7, list(range(budget)))
         wide = DraftTree(7, tokens=list(range(budget)), parents=[-1] * budget)
-        return {"static": dict(tree=chain, accepted=[0, 1][:budget], bonus=9, mat=1.5),
+        return {"static": dict(tree=chain, accepted=[0, 1][:budget], next_token=9, mat=1.5),
                 "dynamic": dict(tree=wide, accepted=None, mat=None)}
 
     prompts = [{"id": "p0", "prompt": "abc"}, "hello"]
@@ -209,7 +209,7 @@ def test_budget_explorer_draws_one_tree_per_shape_and_redraws_on_the_budget():
     static, dynamic = box.state["figures"]
     assert len(static.data[1].x) == 4 + 1 and len(dynamic.data[1].x) == 4 + 1  # nodes + the root
     assert list(next(t for t in static.data if t.name == "accepted path").customdata) == [0, 1]
-    assert [t.name for t in static.data][-1] == "bonus token"
+    assert [t.name for t in static.data][-1] == "next token"
     assert not any(t.name == "accepted path" for t in dynamic.data)
     assert "MAT of the generation 1.50" in static.layout.title.text and "MAT" not in dynamic.layout.title.text
     w["budget"].value = 8

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..mechanisms.budget import CostCurve
+from ..mechanisms.cost_curve import CostCurve
 
 START, END = "<!-- bench-table:start -->", "<!-- bench-table:end -->"
 

@@ -4,7 +4,7 @@
   one loop step of R rows cost here (mechanisms/step_cost.py, where the auto budgets read them; served here for
   the notebooks);
 - `expected_tokens_per_step(alpha, gamma)`: with per-token acceptance alpha (i.i.d., Leviathan et al. 2023)
-  and a chain of gamma drafted tokens, the tokens one target forward yields, bonus token included:
+  and a chain of gamma drafted tokens, the tokens one target forward yields, the next token included:
       E[tokens] = 1 + alpha + ... + alpha^gamma = (1 - alpha^(gamma+1)) / (1 - alpha)   (gamma + 1 at alpha = 1)
 - `expected_speedup(alpha, gamma, cost_ratio, verify_overhead)`: wall-clock speedup over autoregressive:
       speedup = E[tokens] / (gamma * c + verify_overhead)
@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..mechanisms.budget import CostCurve
+from ..mechanisms.cost_curve import CostCurve
 from ..mechanisms.step_cost import DEFAULT_ROWS, forward_cost, verify_cost
 
 __all__ = ["DEFAULT_ROWS", "expected_speedup", "expected_tokens_per_step", "forward_cost", "measured_agreement",
@@ -31,7 +31,7 @@ __all__ = ["DEFAULT_ROWS", "expected_speedup", "expected_tokens_per_step", "forw
 
 def verify_overhead(costs: pd.DataFrame, model: str, gamma: int) -> float:
     """Cost of a (gamma + 1)-token forward relative to a 1-token one, from a `forward_cost` table (read as the
-    auto budgets read a curve, budget.CostCurve: more rows never cost less, so it is at least 1)."""
+    auto budgets read a curve, cost_curve.CostCurve: more rows never cost less, so it is at least 1)."""
     rows = costs[costs["model"] == model]
     if rows.empty:
         raise ValueError(f"no rows for model {model!r}; models: {sorted(costs['model'].unique())}")

@@ -3,7 +3,7 @@
     python -m specdec_lib.bench --models tiny --suite code --methods hf,autoregressive,hf_prompt_lookup,hf_assisted
 
 What it measures, per method: tokens/s, speedup over "hf" (Hugging Face `generate`, greedy), MAT (mean
-tokens gained per target forward, bonus token included), target forwards per prompt, and whether the
+tokens gained per target forward, the next token included), target forwards per prompt, and whether the
 tokens equal hf's (every method here is lossless under greedy decoding, so a mismatch is a bug).
 
 Protocol (the one of Spec-Bench, Xia et al. 2024, at batch size 1):
@@ -46,7 +46,7 @@ import pandas as pd
 import torch
 
 from ..decoding import METHODS, context_length, generate
-from ..mechanisms.budget import prepare_costs
+from ..mechanisms.cost_curve import prepare_costs
 from ..models import PROMPTS_DIR, cpu_model_name
 
 SUITES = ("code", "editing")
@@ -190,7 +190,7 @@ def run_bench(pair, suite, methods, max_new_tokens: int = 128, repeats: int = 3,
                                  wall_seconds=result.wall_seconds, tokens_per_s=result.tokens_per_s,
                                  prefill_seconds=result.prefill_seconds, prefill_tokens=result.prefill_tokens,
                                  decode_tokens_per_s=result.decode_tokens_per_s,
-                                 target_forwards=result.target_forwards, mat=result.mean_accepted,
+                                 target_forwards=result.target_forwards, mat=result.mat,
                                  draft_forwards=result.stats.get("draft_forwards"),
                                  hit_rate=result.stats.get("hit_rate"), overlap=_overlap(result),
                                  rows_per_step=(sum(s["tree_size"] + 1 for s in steps) / len(steps)

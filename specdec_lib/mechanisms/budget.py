@@ -1,4 +1,5 @@
-"""Draft budgets chosen from this machine's own cost curve (the `"auto"` budgets).
+"""Draft budgets chosen from this machine's own cost curve (the `"auto"` budgets), and the one object a method
+holds for its budget knob (`Budget`).
 
 A method's draft budget (Cacheback's TDL, a draft model's gamma, prompt lookup's num_tokens) trades tokens
 per target forward against the forward's price. Papers pick it on their GPU, where extra rows are nearly
@@ -8,12 +9,12 @@ the expected throughput
 
     budget* = argmax_b  E[tokens per step | b] / (draft_ms(b) + t(rows(b)))
 
-with t what one step of the decoding loop costs on this device for that many rows (`CostCurve`, timed on the
-loop's own verify + commit: tree mask and masked attention included, which a bare forward leaves out) and
-E[tokens] from the method's own running acceptance statistics. The choice depends only on the history
-(committed tokens and verdicts) and on the curve, never on the random stream: the budget changes what is
-drafted, never what is emitted (lossless), and a test that injects a curve (`CostCurve.from_points`) gets the
-same choices every time.
+with t what one step of the decoding loop costs on this device for that many rows, read at the current context
+(cost_curve.py), and E[tokens] from the method's own running acceptance statistics. b = 0 (no draft: a plain
+step, 1 token for t(1)) is a candidate too, so where no draft pays the method decodes plainly, and probes a
+draft again every `probe_every` steps. The choice depends only on the history (committed tokens and verdicts)
+and on the curve, never on the random stream: the budget changes what is drafted, never what is emitted
+(lossless), and a test that injects a curve (`CostCurve.from_points`) gets the same choices every time.
 
 Two estimators of E[tokens | b]:
 - `ChainBudget` (a chain of g drafts: draft model, prompt lookup, CARD's query): P(accept depth d | depth d reached) per
@@ -22,230 +23,35 @@ Two estimators of E[tokens | b]:
   a verified chain of g shows exactly what any shorter chain would have yielded; deeper depths are explored
   by optimism (a bonus on a_d shrinking as 1 / sqrt(times depth d was reached), UCB-like, no coin).
 - `TreeBudget` (a tree grown to a size budget: Cacheback's TDL, Lookahead's guesses, FAFO's find-out
-  candidates): a ladder of candidates, compared on the same steps (a ratio estimator). A step's verdict
-  tells, for every tree the proposer regrows for a neighbouring candidate, what that tree would have yielded
-  (`tree_yield`: the emitted path is fixed, so a tree that leaves it at position j yields j + 1), exactly, or
-  as a lower bound when a larger tree holds the whole path; every `probe_every` steps the next larger candidate
-  is verified instead (a deterministic probe, no coin).
+  candidates, EAGLE's nodes): a ladder of candidates, compared on the same steps (a ratio estimator). A step's
+  verdict tells, for every tree the proposer regrows for a neighbouring candidate, what that tree would have
+  yielded (`tree_yield`: the emitted path is fixed, so a tree that leaves it at position j yields j + 1),
+  exactly, or as a lower bound when a larger tree holds the whole path; every `probe_every` steps the next
+  larger candidate is verified instead (a deterministic probe, no coin).
+- `Budget`: what a method holds (check, start, choose, record, stats, info): the int the user gave, honoured
+  exactly, or "auto" and a chooser built at the generation's start; each step's choice and its expected gain
+  over a plain step go into the step records ("draft_size", "expected_gain").
 
-The price of a row grows with the context: every full-context row reads the whole KV cache, so at 16k tokens a
-step of 8 rows costs far more over a one-row step than at 256. `ContextCosts` holds t(rows) measured at several
-cached-prefix lengths (PREFIXES, those the generation reaches) and gives the curve at the current context,
-linear in the prefix between and beyond them (attention is linear in the keys it reads); the choosers read it
-at `len(committed)` every step, so budgets shrink as the context grows. Rows that read a compressed KV only
-(FAFO's fumble rows: `cheap_rows`) are priced on the curve at the compressed length instead.
+Rows that read a compressed KV only (FAFO's fumble rows: `cheap_rows`) are priced on the curve at the compressed
+length instead.
 
-Simplifications: t is measured at a few prefixes (256, 1k, 4k, 8k, 16k, ...) on the loop's plain cache (FAFO's store
-reads through its own attention: priced the same), each cached on disk per device + model + dtype + prefix
-(`cost_cache_dir`); the draft time of the n-gram drafters is taken as zero (tens of microseconds against
-milliseconds of forward); a draft model's is gamma x its own one-row forward (at the first prefix); acceptance
-is modelled per depth only (not per context).
+Simplifications: the draft time of the n-gram drafters is taken as zero (tens of microseconds against
+milliseconds of forward); a draft model's is gamma x its own one-row forward (at the first prefix); EAGLE's
+head is not priced; acceptance is modelled per depth only (not per context).
 """
 from __future__ import annotations
 
-import bisect
-import hashlib
-import json
-from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
 from ..checks import check_int
-from ..models import cache_root
+from .cost_curve import reach, resolve_curve
 
 AUTO = "auto"
-CURVE_KIND = "loop verify + commit"  # in the cache key: curves timed another way (plain forwards) are re-measured
-MEASURE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
-PREFIXES = (256, 1024, 4096, 8192, 16384, 32768, 65536)  # cached prefixes ContextCosts times (to the context reached)
-CONTEXT_STEP = 64  # ContextCosts.at memoises one curve per this many tokens of context (at the bucket's top)
-_MEMO: dict[str, "CostCurve"] = {}  # curves measured or read in this process, by cache key
-
 
 def is_auto(value) -> bool:
     return isinstance(value, str) and value == AUTO
-
-
-def cost_cache_dir() -> Path:
-    """Where measured curves are kept: $SPECDEC_CACHE/costs, else ~/.cache/specdec_lib/costs."""
-    return cache_root() / "costs"
-
-
-def _device_name(device) -> str:
-    import torch
-
-    from ..models import cpu_model_name
-
-    if device.type == "cuda":
-        return f"cuda:{torch.cuda.get_device_name(device)}"
-    return f"{device.type}:{cpu_model_name()}:{torch.get_num_threads()} threads"  # cost depends on the threads
-
-
-def model_key(model) -> dict:
-    """What a curve is valid for: device name, model identity (name_or_path, parameter count, config hash),
-    dtype, its linear kernels (prepack.py), the torch version, and what was timed."""
-    import torch
-
-    from ..prepack import is_prepacked
-    param = next(model.parameters())
-    config = json.dumps(model.config.to_dict(), sort_keys=True, default=str)
-    return dict(device=_device_name(param.device), model=str(getattr(model.config, "name_or_path", "") or ""),
-                params=int(sum(p.numel() for p in model.parameters())),
-                config=hashlib.sha256(config.encode()).hexdigest()[:16], dtype=str(param.dtype),
-                linear="prepacked" if is_prepacked(model) else "plain", torch=torch.__version__, timed=CURVE_KIND)
-
-
-class CostCurve:
-    """t(rows): ms of one target forward of `rows` query rows, linear between measured points, extended
-    beyond the last one with the last slope (and flat below the first)."""
-
-    def __init__(self, rows: Sequence[float], ms: Sequence[float], key: dict | None = None):
-        order = np.argsort(np.asarray(rows, dtype=float))
-        self.rows = np.asarray(rows, dtype=float)[order]
-        self.ms = np.asarray(ms, dtype=float)[order]
-        if len(self.rows) < 1 or len(set(self.rows)) != len(self.rows) or self.rows[0] < 1:
-            raise ValueError(f"need distinct row counts >= 1, got {list(rows)}")
-        if not np.all(np.isfinite(self.ms)) or np.any(self.ms <= 0):
-            raise ValueError(f"costs must be positive finite ms, got {list(ms)}")
-        # more rows never cost less. Timing noise is mostly upward (an interrupt, another process), so a point
-        # above a later, larger one is a spike: t(r) = min over r' >= r of the measured points
-        self.ms = np.minimum.accumulate(self.ms[::-1])[::-1]
-        self._rows, self._ms = self.rows.tolist(), self.ms.tolist()
-        self.key = key
-
-    @classmethod
-    def from_points(cls, points) -> "CostCurve":
-        """From {rows: ms} or [(rows, ms), ...] (tests inject curves this way)."""
-        pairs = sorted(dict(points).items())
-        return cls([r for r, _ in pairs], [m for _, m in pairs])
-
-    def __call__(self, rows: float) -> float:
-        """t(rows) in ms. Plain Python (bisect), not numpy: the choosers call it between two forwards, where a
-        numpy call costs several times more than in isolation."""
-        r, m = self._rows, self._ms
-        if rows <= r[0] or len(r) == 1:
-            return m[0]
-        if rows >= r[-1]:  # beyond the last point: its slope
-            return m[-1] + max(0.0, (m[-1] - m[-2]) / (r[-1] - r[-2])) * (rows - r[-1])
-        i = bisect.bisect_right(r, rows)  # r[i - 1] <= rows < r[i]
-        return m[i - 1] + (m[i] - m[i - 1]) * (rows - r[i - 1]) / (r[i] - r[i - 1])
-
-    def __repr__(self) -> str:
-        points = ", ".join(f"{int(r)}: {m:.2f}" for r, m in zip(self.rows, self.ms))
-        return f"CostCurve({{{points}}} ms)"
-
-    @classmethod
-    def measure(cls, model, rows: Sequence[int] = MEASURE_ROWS, prefix: int = 256, repeats: int = 7,
-                cache: bool = True) -> "CostCurve":
-        """The curve of `model` here (step_cost.verify_cost: the loop's own verify + commit, after `prefix`
-        cached tokens, clipped to the model's context), read from the on-disk cache when this device + model +
-        dtype + prefix was measured before (cache=False: measure anew)."""
-        limit = getattr(model.config, "max_position_embeddings", None) or prefix + max(rows)
-        rows = [r for r in rows if r <= limit - 1] or [1]
-        prefix = max(1, min(prefix, limit - max(rows)))
-        key = dict(model_key(model), prefix=prefix)
-        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-        path = cost_cache_dir() / f"curve_{digest}.json"
-        if cache and digest in _MEMO and _MEMO[digest].key == key:
-            return _MEMO[digest]
-        if cache and path.exists():
-            data = json.loads(path.read_text())
-            if data.get("key") == key:
-                curve = _MEMO[digest] = cls(data["rows"], data["ms"], key)
-                curve.path = path
-                return curve
-        from .step_cost import verify_cost  # imported here: step_cost imports verify, which is heavier
-        table = verify_cost(model, rows, prefix=prefix, repeats=repeats, warmup=2)
-        curve = _MEMO[digest] = cls(table["rows"].tolist(), table["median_ms"].tolist(), key)  # made monotone
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(dict(key=key, prefix=prefix, rows=curve.rows.tolist(), ms=curve.ms.tolist())))
-        tmp.replace(path)  # atomic: a concurrent reader sees the whole file or none
-        curve.path = path
-        return curve
-
-    @property
-    def prefix(self) -> int | None:
-        """The cached tokens a measured curve was timed after (None: an injected curve)."""
-        return None if self.key is None else self.key.get("prefix")
-
-    def at(self, context: float) -> "CostCurve":
-        """The curve at a context length: one curve (an injected one) serves every context."""
-        return self
-
-
-class ContextCosts:
-    """t(rows, context): CostCurves measured after several cached-prefix lengths; `at(context)` is the curve at
-    a context: linear in the prefix between two measured ones and beyond the last (with the last two's slope,
-    never falling: a longer context never makes a row cheaper), the first curve below the first prefix."""
-
-    def __init__(self, curves: dict):
-        if not curves:
-            raise ValueError("need a curve at one prefix at least")
-        self.prefixes = sorted(int(p) for p in curves)
-        self.curves = [curves[p] for p in self.prefixes]
-        self._memo: dict[int, CostCurve] = {}
-
-    @classmethod
-    def measure(cls, model, upto: int = 0, prefixes: Sequence[int] = PREFIXES, **kwargs) -> "ContextCosts":
-        """The curves of `model` after each of `prefixes` up to `upto` (the longest context the generation
-        reaches; the first prefix always; beyond the last, `at` extrapolates), each CostCurve.measure (cached on
-        disk)."""
-        prefixes = sorted(prefixes)
-        wanted = [p for i, p in enumerate(prefixes) if i == 0 or p <= upto]
-        curves = {}
-        for p in wanted:
-            curve = CostCurve.measure(model, prefix=p, **kwargs)
-            curves.setdefault(curve.prefix, curve)  # prefixes clipped to the model's context are one curve
-        return cls(curves)
-
-    def at(self, context: float) -> CostCurve:
-        bucket = -(-int(context) // CONTEXT_STEP)  # rounded up: a step is never priced below its context
-        curve = self._memo.get(bucket)
-        if curve is None:
-            curve = self._memo[bucket] = self._interpolate(bucket * CONTEXT_STEP)
-        return curve
-
-    def _interpolate(self, context: int) -> CostCurve:
-        p = self.prefixes
-        if len(p) == 1 or context <= p[0]:
-            return self.curves[0]
-        i = min(bisect.bisect_right(p, context), len(p) - 1) - 1  # p[i] <= context < p[i + 1], or the last two
-        low, high = self.curves[i], self.curves[i + 1]
-        w = (context - p[i]) / (p[i + 1] - p[i])  # > 1 beyond the last prefix
-        rows = sorted(set(low._rows) | set(high._rows))
-        ms = [low(r) + w * max(0.0, high(r) - low(r)) for r in rows]
-        return CostCurve(rows, ms)
-
-    def __call__(self, rows: float, context: float = 0) -> float:
-        return self.at(context)(rows)
-
-    def __repr__(self) -> str:
-        return "ContextCosts(" + "; ".join(f"{p} cached: {c!r}" for p, c in zip(self.prefixes, self.curves)) + ")"
-
-
-def resolve_curve(costs, model, upto: int = 0):
-    """A method's `costs=` option: None (measure `model` here after each prefix up to the `upto` tokens the
-    generation reaches: a ContextCosts, cached), a CostCurve or a ContextCosts, or {rows: ms}."""
-    if costs is None:
-        return ContextCosts.measure(model, upto)
-    if isinstance(costs, (CostCurve, ContextCosts)):
-        return costs
-    if isinstance(costs, dict):
-        return CostCurve.from_points(costs)
-    raise TypeError(f"costs must be None (measure here), a CostCurve, a ContextCosts or {{rows: ms}}, got "
-                    f"{type(costs).__name__}")
-
-
-def reach(request) -> int:
-    """The longest context a request's generation reaches: its prompt and every new token."""
-    return request.prompt_length + request.max_new_tokens
-
-
-def prepare_costs(model, upto: int) -> None:
-    """Measure (or read) the curves a generation of up to `upto` tokens of context will choose from, before
-    anything is timed (a benchmark calls this, so no generation's time holds a measurement)."""
-    ContextCosts.measure(model, upto)
 
 
 def chooser_stats(chooser) -> dict:
@@ -275,14 +81,20 @@ def check_budget(name: str, value, minimum: int = 1):
 
 
 class ChainBudget:
-    """Chain length g from per-depth acceptance (see the module doc). draft_ms(g): the drafting time of g."""
+    """Chain length g from per-depth acceptance (see the module doc). draft_ms(g): the drafting time of g.
+    plain: g = 0 (no draft) is a candidate; after `probe_every` plain steps in a row, one step drafts the best
+    g >= 1 (a probe: a plain step teaches nothing about acceptance)."""
 
     def __init__(self, curve, max_len: int = 16, draft_ms: Callable[[int], float] | None = None,
-                 prior: float = 0.5, strength: float = 2.0, explore: float = 0.25):
+                 prior: float = 0.5, strength: float = 2.0, explore: float = 0.25, plain: bool = True,
+                 probe_every: int = 16):
         self.costs, self.max_len = curve, check_int("max_len", max_len, 1)  # a CostCurve or a ContextCosts
         self.curve = curve.at(0)
         self.draft_ms = draft_ms or (lambda g: 0.0)
         self.prior, self.strength, self.explore = prior, strength, explore
+        self.plain, self.probe_every = plain, check_int("probe_every", probe_every, 1)
+        self.plain_run = 0  # plain steps chosen in a row
+        self.gain = None  # the last choice's expected tokens/ms over a plain step's
         self.reached = np.zeros(max_len + 1)  # index d: steps whose chain had a node at depth d reaching it
         self.accepted = np.zeros(max_len + 1)
 
@@ -301,14 +113,22 @@ class ChainBudget:
         return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(self.rates(optimistic)))])
 
     def choose(self, limit: int | None = None, context: int | None = None) -> int:
-        """argmax_g E[tokens | g] / (draft_ms(g) + t(g + 1)), g in 1..min(max_len, limit), t at `context`
-        tokens (None: where it was last); ties: the smallest."""
+        """argmax_g E[tokens | g] / (draft_ms(g) + t(g + 1)), g in 0..min(max_len, limit) (0 only if `plain`),
+        t at `context` tokens (None: where it was last); ties: the smallest."""
         if context is not None:
             self.curve = self.costs.at(context)
         top = self.max_len if limit is None else max(1, min(self.max_len, limit))
         tokens = self.expected_tokens(optimistic=True)
-        speed = [tokens[g] / (self.draft_ms(g) + self.curve(g + 1)) for g in range(1, top + 1)]
-        return 1 + int(np.argmax(speed))
+        speed = [tokens[g] / (self.draft_ms(g) + self.curve(g + 1)) for g in range(0, top + 1)]
+        g = 1 + int(np.argmax(speed[1:]))
+        if self.plain and speed[0] >= speed[g]:
+            self.plain_run += 1
+            if self.plain_run % self.probe_every:  # else: a probe at g
+                g = 0
+        else:
+            self.plain_run = 0
+        self.gain = speed[g] / speed[0]
+        return g
 
     def record(self, drafted: int, accepted: int) -> None:
         """One verified chain: depths 1..accepted accepted, depth accepted + 1 reached and rejected (if drafted)."""
@@ -323,7 +143,7 @@ class TreeBudget:
 
     Each step the proposer regrows, besides the verified tree, the trees of the `window` next smaller and the
     `above` next larger candidates and reports what each would have yielded (`tree_yield`): exact for the
-    smaller ones, and for a larger one exact too unless it holds the whole emitted path, bonus token included
+    smaller ones, and for a larger one exact too unless it holds the whole emitted path, next token included
     (then its yield is at least one more: the bound + a learnt mean extra is recorded, see `record`). Every
     `probe_every` steps the next larger candidate is verified instead (a probe).
 
@@ -370,6 +190,7 @@ class TreeBudget:
         self.lowest = 0 if first is None else self.candidates.index(first)  # a rung drafting nothing teaches nothing
         self.current = max(self.lowest, nearly_free[-1] if nearly_free else 0)
         self.steps = 0
+        self.gain = None  # the verified candidate's estimated tokens/ms over a plain step's (1 token, 1 row)
 
     def estimates(self) -> tuple[list[float], list[float]]:
         """(tokens per step, ms per step) of each candidate."""
@@ -401,6 +222,7 @@ class TreeBudget:
             k = max(range(start, len(speeds)), key=speeds.__getitem__)
             if speeds[k] > (1 + self.margin) * speeds[self.current]:
                 self.current = k
+            self.gain = speeds[self.current] * self.step_ms(1)
         return self.current
 
     def choose(self, context: int | None = None) -> tuple[int, list[int]]:
@@ -476,7 +298,7 @@ def tree_yield(tree, emitted: Sequence[int]) -> tuple[int, bool]:
 
     The emitted path is fixed whatever the tree (the target's token at each position does not depend on it):
     a tree that leaves the path at position j (its nodes there hold other tokens) yields j + 1, the target's
-    own token included. A tree that holds the whole path, the step's bonus token included, yields at least
+    own token included. A tree that holds the whole path, the step's next token included, yields at least
     len(emitted) + 1; how much more, only verifying it would show (censored)."""
     nodes = [-1]  # every node spelling the path so far (without merging, siblings may repeat a token)
     for n, tok in enumerate(emitted):
@@ -484,3 +306,71 @@ def tree_yield(tree, emitted: Sequence[int]) -> tuple[int, bool]:
         if not nodes:
             return n + 1, False
     return len(emitted) + 1, True
+
+
+class Budget:
+    """One method's draft-size knob: check it, start a generation, choose each step, record each verdict,
+    report stats. A fixed int (>= `minimum`) is honoured exactly; "auto" builds a chooser at `start` from the
+    target's cost curve (injected `costs=`, or measured here up to the context the request reaches).
+
+    `costs`: the method's injected curves by option name (costs=, draft_costs=), read only under "auto".
+    optional: None is allowed too (CARD's query), no budget of its own: `choose` returns None."""
+
+    def __init__(self, option: str, value, minimum: int = 1, optional: bool = False, **costs):
+        self.option = option
+        self.value = None if value is None and optional else check_budget(option, value, minimum)
+        check_costs(option, value, **costs)
+        self.costs = costs
+        self.chooser: ChainBudget | TreeBudget | None = None
+        self.others: list[int] = []  # a tree chooser's neighbouring candidates this step (to regrow)
+
+    @property
+    def auto(self) -> bool:
+        return is_auto(self.value)
+
+    def curve(self, model, upto: int = 0, name: str = "costs"):
+        """The curve injected as `name`, or `model`'s measured here (cost_curve.resolve_curve)."""
+        return resolve_curve(self.costs.get(name), model, upto)
+
+    def start(self, request, build: Callable) -> None:
+        """A new generation: build(curve) -> the chooser (a ChainBudget or TreeBudget over the target's curve up
+        to the context `request` reaches), under "auto"; nothing for a fixed value."""
+        self.chooser = build(self.curve(request.target, reach(request))) if self.auto else None
+
+    def choose(self, context: int, limit: int | None = None) -> int:
+        """This step's budget at `context` tokens: the fixed value, or the chooser's (a chain's at most `limit`;
+        a tree chooser's other candidates wait in `others`, for `carry`)."""
+        self.others = []
+        if self.chooser is None:
+            return self.value
+        if isinstance(self.chooser, ChainBudget):
+            return self.chooser.choose(limit, context)
+        size, self.others = self.chooser.choose(context)
+        return size
+
+    def carry(self, trees: Callable[[int], object], extra_rows: int = 0) -> dict:
+        """Proposal.carry for a tree chooser's step (TreeBudget.carry); {} when fixed (nothing to regrow)."""
+        return {} if self.chooser is None else TreeBudget.carry(self.others, trees, extra_rows)
+
+    def info(self, size: int) -> dict:
+        """What the step record says of this step's budget: "draft_size", and under "auto" the chooser's
+        "expected_gain" (estimated tokens per ms over a plain step's; None before it has data)."""
+        if self.chooser is None:
+            return dict(draft_size=size)
+        gain = self.chooser.gain
+        return dict(draft_size=size, expected_gain=None if gain is None else round(float(gain), 3))
+
+    def record(self, verdict) -> None:
+        """Learn from a verified step (nothing when fixed): a chain's depths drafted and accepted, a tree's
+        counterfactual yields (what `carry` regrows)."""
+        if self.chooser is None:
+            return
+        proposal = verdict.proposal
+        if isinstance(self.chooser, TreeBudget):
+            if "regrow" in proposal.carry:
+                self.chooser.record_proposal(proposal, verdict.emitted)
+        elif len(proposal.tree):
+            self.chooser.record(len(proposal.tree), len(verdict.accepted))
+
+    def stats(self) -> dict:
+        return chooser_stats(self.chooser)

@@ -13,11 +13,14 @@ methods/card.py holds the query-and-correct rule once:
 `ready(tree, since) -> bool` is the target's readiness rule (None: any tree of the current correction).
 
 - `SyncDrafter`: in the caller's thread, deterministic: `query` grows layers until the tree is ready, and after
-  the query (grow_after) grows `ratio` more, where they would run concurrently with the target's verify;
-- `ThreadDrafter`: a worker thread ("card-drafter") grows layers continuously under a threading.Condition;
-  only the worker runs draft forwards and touches the draft's KV: `correct` hands it the correction (an epoch
-  bump), and a forward that raced a correction is rolled back. A CUDA draft issues its kernels on a stream of
-  its own and synchronises it after each forward (a layer is complete before it can be queried);
+  the query (grow_after) grows `ratio` more, where they would run concurrently with the target's verify, so that
+  the correction sees them (a chain descends to a leaf: with the layers drafted before the query only, a fully
+  accepted chain's bonus could never be a hit);
+- `ThreadDrafter`: a worker thread ("card-drafter") grows layers continuously (up to `draft_depth` ahead of the
+  root) under a threading.Condition; only the worker runs draft forwards and touches the draft's KV: `correct`
+  hands it the correction (an epoch bump), and a forward that raced a correction is rolled back. A CUDA draft
+  issues its kernels on a stream of its own and synchronises it after each forward (a layer is complete before
+  it can be queried);
 - `DrafterProcess` (mechanisms/card_process.py): a forked child process, on the CPU.
 
 Simplifications: one drafter per generate call; a thread drafter's failure is re-raised once (next query,
@@ -37,17 +40,17 @@ from .card_tree import CardTree
 WORKER_NAME = "card-drafter"
 
 
-def growable(tree, max_depth: int) -> bool:
-    """The drafter can add a layer: below max_depth, or the root not fed yet (right after a correction)."""
-    return tree.depth < max_depth or not tree.root_fed
+def growable(tree, draft_depth: int) -> bool:
+    """The drafter can add a layer: below draft_depth, or the root not fed yet (right after a correction)."""
+    return tree.depth < draft_depth or not tree.root_fed
 
 
 class SyncDrafter:
     """The drafter in the caller's thread (see the module doc)."""
 
-    def __init__(self, draft, width: int, committed: list[int], max_depth: int, ratio: int):
+    def __init__(self, draft, width: int, committed: list[int], draft_depth: int, ratio: int):
         self.tree = CardTree(draft, width, committed)
-        self.max_depth, self.ratio, self.since = max_depth, ratio, 0
+        self.draft_depth, self.ratio, self.since = draft_depth, ratio, 0
         self.draft_busy: list[tuple[float, float]] = []
         self.discarded = 0
 
@@ -66,7 +69,7 @@ class SyncDrafter:
         yield self.tree, self.since
         self.since = 0
         for _ in range(self.ratio if grow_after else 0):  # the layers drafted while the target verifies
-            if growable(self.tree, self.max_depth):
+            if growable(self.tree, self.draft_depth):
                 self._grow()
 
     def correct(self, committed: list[int]) -> bool:
@@ -80,10 +83,10 @@ class ThreadDrafter:
     """The drafter in a worker thread (see the module doc); `threads`: the intra-op threads to set for the whole
     process while it runs (torch.set_num_threads is process-global), None to leave them."""
 
-    def __init__(self, draft, width: int, committed: list[int], max_depth: int, wait_s: float,
+    def __init__(self, draft, width: int, committed: list[int], draft_depth: int, wait_s: float,
                  threads: int | None = None):
         self.tree = CardTree(draft, width, committed)
-        self.max_depth, self.wait_s = max_depth, wait_s
+        self.draft_depth, self.wait_s = draft_depth, wait_s
         self.draft_busy: list[tuple[float, float]] = []
         self.cond = threading.Condition()
         self.stop, self.epoch, self.applied, self.pending = False, 0, 0, None
@@ -108,7 +111,7 @@ class ThreadDrafter:
                 while True:
                     with self.cond:
                         self.cond.wait_for(lambda: self.stop or self.pending is not None
-                                           or growable(self.tree, self.max_depth))
+                                           or growable(self.tree, self.draft_depth))
                         if self.stop:
                             return
                         if self.pending is not None:

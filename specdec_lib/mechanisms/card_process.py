@@ -8,7 +8,7 @@ shipped pair, one intra-op thread each; notebook 07 measures the target's step t
     parent (the target, `DrafterProcess`)            child (`_drafter_main`, owns the draft's CardTree and KV)
     wait(ready) <- ("tree", epoch, layers, ...)      loop: a command waiting? apply it; else grow one layer and
     correct(committed) -> ("correct", epoch, ids)          publish the tree (its shape + the forward's interval)
-    close() -> ("stop",) ... <- ("done", ...)        idle at max_depth until a command comes
+    close() -> ("stop",) ... <- ("done", ...)        idle at draft_depth until a command comes
 
 - The tree's shape (tokens, parents, depths, scores: a few hundred numbers) goes through a pipe after every
   change. The draft's logits, needed only to draw sampled chains, go through one shared-memory buffer
@@ -17,7 +17,7 @@ shipped pair, one intra-op thread each; notebook 07 measures the target's step t
   current epoch arriving and its next correction, so no row it reads is being written.
 - `epoch` counts corrections: the parent queries only a tree of its own epoch. Greedy runs do not wait for
   the child to apply a correction: on a hit the parent prunes its own copy the way the child will
-  (`TreeShape.reindexed`) and may query that at once; the child's tree of the new epoch replaces it when it
+  (`ScoredTree.reindexed`) and may query that at once; the child's tree of the new epoch replaces it when it
   arrives (with the layers drafted since). Sampled runs wait, since their logits rows are re-indexed by the
   child. Hit or miss is what the parent's copy says (the child may have one layer more).
 - Errors: an exception in the child is sent back (its traceback) and raised by the parent's next call; a child
@@ -43,20 +43,19 @@ from contextlib import contextmanager
 import torch
 
 from ..models import vocab_size
-from .card_tree import CardTree, TreeShape
+from .card_tree import CardTree, ScoredTree
 
 PROCESS_NAME = "card-drafter"
 POLL_S = 0.5  # the idle child checks this often that its parent is still there
 
 
-class TreeCopy(TreeShape):
+class TreeCopy(ScoredTree):
     """The parent's copy of the child's tree: the shape from the pipe, the logits from the shared buffer."""
 
     def __init__(self, message: dict, committed: list[int], logits_buffer):
         self.epoch, self.layers = message["epoch"], message["layers"]
-        self.tokens, self.parents = message["tokens"], message["parents"]
-        self.depths, self.scores = message["depths"], message["scores"]
-        self.committed, self.root_fed, self.fed_count = committed, message["root_fed"], message["fed"]
+        self._set_nodes(committed, message["tokens"], message["parents"], message["depths"], message["scores"])
+        self.root_fed, self.fed_count = message["root_fed"], message["fed"]
         # greedy runs share no logits: query reads only whether the root is fed, and the shape
         self.root_logits = None if not self.root_fed else (logits_buffer[0] if logits_buffer is not None else True)
         self.logits = logits_buffer[1:1 + self.fed_count] if logits_buffer is not None else None
@@ -83,14 +82,14 @@ def _publish(conn, tree: CardTree, epoch: int, buffer, written: int, busy=None) 
     return written
 
 
-def _drafter_main(conn, draft, width, committed, max_depth, buffer, threads, parent_pid) -> None:
+def _drafter_main(conn, draft, width, committed, draft_depth, buffer, threads, parent_pid) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     torch.set_num_threads(threads)
     try:
         with torch.inference_mode():
             tree, epoch, written = CardTree(draft, width, committed), 0, 0
             while True:
-                can_grow = tree.depth < max_depth or tree.root_logits is None
+                can_grow = tree.depth < draft_depth or tree.root_logits is None
                 if conn.poll(0 if can_grow else POLL_S):
                     command = conn.recv()
                     if command[0] == "stop":
@@ -118,10 +117,10 @@ def _drafter_main(conn, draft, width, committed, max_depth, buffer, threads, par
             pass
 
 
-def buffer_rows(width: int, max_depth: int) -> int:
+def buffer_rows(width: int, draft_depth: int) -> int:
     """Node rows the logits buffer holds: each layer adds at most `width` nodes; a tree keeps at most
-    max_depth layers ahead of its root plus the layer being fed (doubled for beams restarted from leaves)."""
-    return 2 * width * (max_depth + 1)
+    draft_depth layers ahead of its root plus the layer being fed (doubled for beams restarted from leaves)."""
+    return 2 * width * (draft_depth + 1)
 
 
 class DrafterProcess:
@@ -131,7 +130,7 @@ class DrafterProcess:
 
     discarded = 0  # a layer in flight when a correction comes is kept and corrected, never discarded
 
-    def __init__(self, draft, width: int, committed: list[int], max_depth: int, share_logits: bool,
+    def __init__(self, draft, width: int, committed: list[int], draft_depth: int, share_logits: bool,
                  threads: int = 1, wait_s: float = 120.0, parent_threads: int | None = None):
         device = next(draft.parameters()).device
         if device.type != "cpu":
@@ -140,7 +139,7 @@ class DrafterProcess:
         if "fork" not in multiprocessing.get_all_start_methods():
             raise RuntimeError("card mode='process' needs the 'fork' start method (Linux); use mode='thread'")
         vocab = vocab_size(draft)  # the full vocabulary, also for a head that scores a subset of it
-        self.buffer = (torch.zeros(1 + buffer_rows(width, max_depth), vocab).share_memory_()  # (rows, V)
+        self.buffer = (torch.zeros(1 + buffer_rows(width, draft_depth), vocab).share_memory_()  # (rows, V)
                        if share_logits else None)
         self.committed, self.epoch, self.wait_s = list(committed), 0, wait_s
         self.latest, self.ahead, self.draft_busy, self.done, self.failed = None, None, [], None, False
@@ -149,7 +148,7 @@ class DrafterProcess:
         self.conn, child_conn = context.Pipe()
         self.process = context.Process(
             target=_drafter_main, name=PROCESS_NAME, daemon=True,
-            args=(child_conn, draft, width, list(committed), max_depth, self.buffer, threads, os.getpid()))
+            args=(child_conn, draft, width, list(committed), draft_depth, self.buffer, threads, os.getpid()))
         with warnings.catch_warnings():  # Python >= 3.12 warns about fork in a process with threads (Jupyter)
             warnings.simplefilter("ignore", DeprecationWarning)
             self.process.start()

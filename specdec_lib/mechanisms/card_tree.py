@@ -23,6 +23,10 @@ Paradigm") §2.2 (cache construction), §2.3 (the drafter's tree mask) and §2.4
   (kv_cache.compact: each key was rotated at its final position). Miss: keep the KV of the matched fed path
   only and restart from the correct token (the next layer feeds it).
 
+The tree is a DraftTree (draft_tree.py: tokens, parents, depths, children, the root = committed[-1]): `ScoredTree`
+adds what the target reads of CARD's tree (scores, logits, query, match), `CardTree` the draft model, its KV and
+the layer machinery.
+
 Simplifications: scores are the draft's raw (unwarped) log-probabilities; a node's KV stays in the cache once
 fed (node i sits at offset i after the committed text: nodes are fed in index order); a pruned tree whose
 frontier is gone restarts the beam from its fed leaves; batch size 1; full-attention draft caches only.
@@ -33,36 +37,31 @@ import torch
 
 from .. import compat
 from . import kv_cache, masks
-from .draft_tree import ROOT
+from .draft_tree import ROOT, DraftTree
 from ..sampling import probs, sample
 
 
-class TreeShape:
-    """What the target reads of the drafter's tree: node i has tokens[i], parents[i] (-1: the root), depths[i],
-    scores[i] (cumulative log-probability) and, once fed, logits[i] (the draft's next-token logits after it,
-    (V,)); root_logits (None until the root is fed) and committed (committed[-1] is the root). `CardTree`
-    builds one; a process drafter's published copy (mechanisms/card_process.py) is another."""
+class ScoredTree(DraftTree):
+    """What the target reads of the drafter's tree: a DraftTree (root = committed[-1]; node i has tokens[i],
+    parents[i], depths[i]) whose node i also has scores[i] (cumulative log-probability) and, once fed, logits[i]
+    (the draft's next-token logits after it, (V,)); root_logits (None until the root is fed) and committed.
+    `CardTree` builds one; a process drafter's published copy (mechanisms/card_process.py) is another."""
 
-    tokens: list[int]
-    parents: list[int]
-    depths: list[int]
     scores: list[float]
     committed: list[int]
 
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def depth(self) -> int:
-        return max(self.depths, default=0)
+    def _set_nodes(self, committed: list[int], tokens: list[int], parents: list[int], depths: list[int],
+                   scores: list[float]) -> None:
+        """Replace the whole tree (trusted lists: topological, depths from parents); the children index is
+        rebuilt when next read."""
+        self.committed, self.root = committed, int(committed[-1])
+        self.tokens, self.parents, self.depths, self.scores = tokens, parents, depths, scores
+        self._kids = self._first = None
 
     @property
     def fed(self) -> int:
         """Nodes whose KV is in the cache (a prefix of the node list)."""
         return len(self.logits)
-
-    def children(self, i: int) -> list[int]:
-        return [c for c, p in enumerate(self.parents) if p == i]
 
     def query(self, max_len: int, sampling, generator, start: int = ROOT) -> tuple[list[int], torch.Tensor | None]:
         """(chain tokens, q per chain token or None): see the module doc (greedy descent / drawn from q).
@@ -82,7 +81,7 @@ class TreeShape:
             q_rows.append(probs(row, sampling))  # (V,)
             x = sample(q_rows[-1], generator)
             chain.append(x)
-            node = next((c for c in self.children(node) if self.tokens[c] == x), None)
+            node = self.child_with(node, x)
             if node is None or node >= self.fed:  # no logits after x: the chain ends with it
                 break
         return chain, (torch.stack(q_rows) if q_rows else None)
@@ -91,7 +90,7 @@ class TreeShape:
         """(tree nodes spelling the longest prefix of the new committed tokens, True when all of them)."""
         new, path, node = committed[len(self.committed):], [], ROOT
         for tok in new:
-            node = next((c for c in self.children(node) if self.tokens[c] == tok), None)
+            node = self.child_with(node, tok)
             if node is None:
                 break
             path.append(node)
@@ -124,8 +123,8 @@ class TreeShape:
         return sub, out
 
 
-class CardTree(TreeShape):
-    """The drafter's tree (TreeShape's fields) with the draft model, its KV cache and the layer machinery."""
+class CardTree(ScoredTree):
+    """The drafter's tree (a ScoredTree) with the draft model, its KV cache and the layer machinery."""
 
     def __init__(self, draft, width: int, committed: list[int]):
         self.draft, self.width = draft, width
@@ -139,8 +138,8 @@ class CardTree(TreeShape):
         self._clear(committed)
 
     def _clear(self, committed: list[int]) -> None:
-        self.committed = list(committed)  # root = committed[-1]
-        self.tokens, self.parents, self.depths, self.scores, self.logits = [], [], [], [], []
+        self._set_nodes(list(committed), [], [], [], [])  # root = committed[-1]
+        self.logits = []
         self.root_logits = None if len(self.ctx) < len(self.committed) else self.root_logits
         self.frontier: list[int] = []  # nodes of the last layer, not fed yet
         self.level2: list[tuple[int, float, int]] = []  # B: (token, score, parent) of the last layer
@@ -206,10 +205,7 @@ class CardTree(TreeShape):
         best = sorted(cand, key=lambda c: -c[1])[:k]  # stable: ties keep parent order, then rank
         self.frontier = []
         for token, score, p in best:
-            self.frontier.append(len(self.tokens))
-            self.tokens.append(token)
-            self.parents.append(p)
-            self.depths.append(1 if p == ROOT else self.depths[p] + 1)
+            self.frontier += self.add_chain(p, [token])  # a new child: `have` left out the tokens p has
             self.scores.append(score)
 
     @property
@@ -221,7 +217,7 @@ class CardTree(TreeShape):
         job = self.plan()
         self.apply(job, self.forward(job))
 
-    # ---- the correction (the target's side, query and match, is TreeShape's) ------------------------
+    # ---- the correction (the target's side, query and match, is ScoredTree's) ------------------------
 
     def correct(self, committed: list[int]) -> bool:
         """Prune to the subtree under the new root (hit) or restart from the correct token (miss)."""
@@ -240,8 +236,7 @@ class CardTree(TreeShape):
             self.root_logits = None
             return hit
         self.root_logits = old_logits[path[-1]]
-        self.tokens, self.parents, self.depths, self.scores = (shape[k] for k in ("tokens", "parents", "depths",
-                                                                                    "scores"))
+        self._set_nodes(self.committed, shape["tokens"], shape["parents"], shape["depths"], shape["scores"])
         self.logits = [old_logits[i] for i in sub if i < len(old_logits)]  # fed nodes stay a prefix
         self.frontier = [k for k, i in enumerate(sub) if i >= len(old_logits)]
         return hit

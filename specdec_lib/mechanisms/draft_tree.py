@@ -5,7 +5,8 @@ not in the target's KV cache yet (it is fed with the tree, so its row gives the 
 stored separately from the draft nodes. Node i has `tokens[i]`, `parents[i]` (-1 = a child of the root)
 and `depths[i]` (1-based: a child of the root has depth 1, the root has depth 0). Nodes are kept in
 insertion order, which is topological (a parent's index is always smaller than its child's): the tree
-layout, the mask and the KV compaction all rely on that.
+layout, the mask and the KV compaction all rely on that. It is the one tree type of every drafter: CARD's width-K
+tree (card_tree.ScoredTree) is a DraftTree whose nodes also carry a score and, once fed, the draft's logits.
 
 `grow_tree(context, tables, tdl, crt, refed)` follows section 3.2, "breadth first":
 - level 0 queries every table with the last LL tokens of the context (the root is `context[-1]`) and hangs
@@ -138,7 +139,8 @@ class DraftTree:
         return [self.path_to(leaf) for leaf in self.leaves()]
 
     @property
-    def max_depth(self) -> int:
+    def depth(self) -> int:
+        """The deepest node's depth (0: no nodes): the step records' `depth`."""
         return max(self.depths, default=0)
 
     def chain_cost(self, parent: int, tokens: Sequence[int], merge: bool = False) -> int:

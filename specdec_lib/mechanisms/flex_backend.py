@@ -1,13 +1,15 @@
-"""FlexAttention and transformers glue of FAFO's KV store (flex_layout.py): the version-sensitive calls live here.
+"""The glue of FAFO's KV store (flex_layout.py) to FlexAttention and to transformers; the attention modes
+themselves (flex, dense, split, causal) are in attention.py.
 
 - `block_mask_from_tables`: a BlockMask built from block tables (`BlockMask.from_kv_blocks`), never from a grid;
 - `block_table(block_mask)`: which KV blocks each query block loads, for drawing and checks;
-- `flex(...)`: flex_attention eager or compiled (`ATTENTION_MODES` says what each mode does);
-- `choose_attention(...)`: the mode "auto" takes on a device, and why: compiled flex on a GPU where it compiles
-  and runs for the model's shapes and dtype (probed once: Triton's kernels can exceed a small GPU's shared memory,
-  a T4's for instance), else the dense mode, saying why;
+- `flex(...)`: flex_attention eager or compiled (attention.ATTENTION_MODES: "eager", "compiled");
+- `compiled_flex_problem(...)`: whether compiled flex compiles and runs on a GPU for the model's shapes and dtype,
+  and if not why (probed once: Triton's kernels can exceed a small GPU's shared memory, a T4's for instance);
+  attention.choose_attention reads it for "auto";
 - `layout_attention`: the attention function transformers calls for a model `attach`ed to the store (registered
-  with `AttentionInterface` as ATTENTION_NAME; it finds the store through the BlockMask it is given).
+  with `AttentionInterface` as ATTENTION_NAME; it finds the store through the BlockMask it is given and runs the
+  store's attention mode).
 
 Probed on torch 2.13 (CPU) / 2.11 (CUDA) and transformers 5.17-5.23: compiled flex on a CPU needs the
 full-block tables present (zeros are fine); eager flex applies the mask_mod to every score and ignores the block
@@ -18,8 +20,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
-from .. import compat
 
 ATTENTION_NAME = "specdec_flex_layout"
 
@@ -57,20 +57,8 @@ def block_mask_from_tables(q_blocks, kv_blocks, block_size, mask_mod, seq_length
 
 _COMPILED_FLEX = None
 
-ATTENTION_MODES = {
-    "compiled": "torch.compile(flex_attention): block-sparse, loads only the listed KV blocks (float32/bf16)",
-    "eager": "flex_attention unfused: applies the mask_mod to every score through vmap, ignores the block "
-             "tables (exact, float64 too; slow: on a CPU many times the dense mode's cost per call)",
-    "dense": "the same mask_mod rendered once per forward to a bool mask for sdpa (exact; every row pays for "
-             "every committed slot)",
-    "split": "each row group against its committed slots with no mask (full rows: all of them, compressed rows: "
-             "the fixed region only), and the forward's own rows under `sees`, merged by log-sum-exp (exact; a "
-             "compressed row's cost does not grow with the context: the CPU default)",
-}
-
-
 def flex(query, key, value, block_mask, scale=None, compiled=False):
-    """flex_attention, eager or compiled (see ATTENTION_MODES). query (1, heads, R, dim), key/value
+    """flex_attention, eager or compiled (see attention.ATTENTION_MODES). query (1, heads, R, dim), key/value
     (1, kv_heads, K, dim); grouped-query attention when the head counts differ."""
     global _COMPILED_FLEX
     from torch.nn.attention.flex_attention import flex_attention
@@ -118,87 +106,16 @@ def _probe_compiled_flex(device, dtype, heads, kv_heads, head_dim) -> str | None
     return None
 
 
-def choose_attention(device, dtype, heads: int, kv_heads: int, head_dim: int) -> tuple[str, str]:
-    """(mode, why) for attention="auto": "split" on a CPU, "compiled" on a GPU where it runs, else "split"."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return "split", ("split on a CPU: each row reads only the committed slots it sees (a compressed row the "
-                         "fixed region), exact, and faster there than compiled flex")
-    problem = compiled_flex_problem(device, dtype, heads, kv_heads, head_dim)
-    if problem:
-        return "split", f"split, since {problem}"
-    return "compiled", "compiled flex_attention: block-sparse, loads only the listed KV blocks"
-
-
 def layout_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """The attention function transformers calls (registered as ATTENTION_NAME); query (1, heads, R, dim)."""
+    """The attention function transformers calls (registered as ATTENTION_NAME); query (1, heads, R, dim). It
+    finds the store through the BlockMask it is given and runs the store's attention mode (attention.py)."""
     store = getattr(attention_mask, "specdec_store", None)
     if store is None:
         raise ValueError(f"a model switched to {ATTENTION_NAME!r} takes the BlockMask of FlexLayoutStore.prepare "
                          f"as attention_mask (got {type(attention_mask).__name__})")
     store.note_query(module.layer_idx, query)
-    if store.attention == "split":
-        out = split_attention(store, query, key, value, scaling)
-    elif store.attention == "dense":
-        end = store.valid_slots()  # slots past the forward's own rows hold nothing: leave them out
-        out = torch.nn.functional.scaled_dot_product_attention(
-            query, key[:, :, :end], value[:, :, :end], attn_mask=store.dense_mask()[..., :end], scale=scaling,
-            enable_gqa=query.shape[1] != key.shape[1])  # (1, heads, R, dim)
-    else:
-        out = flex(query, key, value, attention_mask, scaling, store.attention == "compiled")
+    out = store.attention_mode(store, query, key, value, attention_mask, scaling)  # (1, heads, R, dim)
     return out.transpose(1, 2).contiguous(), None
-
-
-def split_attention(store, query, key, value, scale=None):
-    """Attention of the forward in flight in two parts per row: its committed slots with no mask (slots < base
-    for full rows, < compressed for compressed rows: FAFO's fixed region, a contiguous slice) and the forward's
-    own rows under `sees`; the parts merge exactly through their log-sum-exps. query (1, heads, R, dim),
-    key/value (1, kv_heads, capacity, dim); returns (1, heads, R, dim)."""
-    base, rows, compressed, sees, flags, causal = store.forward_parts()
-    own_k, own_v = key[:, :, base:base + rows], value[:, :, base:base + rows]  # (1, kv_heads, R, dim)
-    groups = query.shape[1] // key.shape[1]  # grouped-query attention: heads per kv head
-    if base == 0 and causal:  # a prompt's prefill: causal over its own rows, nothing committed yet
-        return torch.nn.functional.scaled_dot_product_attention(query, own_k, own_v, is_causal=True, scale=scale,
-                                                                enable_gqa=groups > 1)
-    blocked, parts = _split_plan(store, base, rows, compressed, sees, flags, query.dtype, groups)
-    out, lse = _folded(compat.attention_with_lse, query, own_k, own_v, blocked, scale, groups)
-    for pick, end in parts:  # full rows against every committed slot, compressed rows the fixed region
-        part, part_lse = _folded(compat.attention_with_lse, query[:, :, pick], key[:, :, :end], value[:, :, :end],
-                                 None, scale, groups)
-        total = torch.logaddexp(lse[:, :, pick], part_lse)  # (1, heads, r)
-        out[:, :, pick] = (out[:, :, pick] * (lse[:, :, pick] - total).exp()[..., None].to(out.dtype)
-                           + part * (part_lse - total).exp()[..., None].to(out.dtype))
-    return out
-
-
-def _split_plan(store, base: int, rows: int, compressed: int, sees, flags, dtype, groups: int):
-    """What every layer of one forward shares in split_attention, made by its first layer and kept on the store
-    until the next `prepare` clears it: the own rows' additive mask, folded per group (1, 1, groups * R, R), and
-    per row kind (row pick, committed slots it reads), a pick being a slice where the rows are contiguous."""
-    if store._split_plan is not None:
-        return store._split_plan
-    device = store.keys.device
-    blocked = torch.zeros(rows, rows, dtype=dtype, device=device)  # additive (R, R)
-    blocked.masked_fill_(~sees.to(device), torch.finfo(dtype).min)
-    parts = []
-    for flag, end in ((False, base), (True, compressed)):
-        index = (flags == flag).nonzero()[:, 0]
-        if end == 0 or len(index) == 0:
-            continue
-        first, last = int(index[0]), int(index[-1])
-        pick = slice(first, last + 1) if last - first + 1 == len(index) else index.to(device)
-        parts.append((pick, end))
-    store._split_plan = (blocked.repeat(groups, 1)[None, None], parts)
-    return store._split_plan
-
-
-def _folded(attend, query, key, value, mask, scale, groups):
-    """attend() with the query heads of each kv head folded into its rows (no copy of the keys):
-    (1, heads, R, dim) -> (1, kv_heads, groups * R, dim), the mask given folded (see _split_plan); unfolded after."""
-    batch, heads, rows, dim = query.shape
-    folded = query.reshape(batch, heads // groups, groups * rows, dim)
-    out, lse = attend(folded, key, value, mask, scale)  # mask: already (1, 1, groups * R, K)
-    return out.reshape(batch, heads, rows, dim), lse.reshape(batch, heads, rows)
 
 
 def attach(model):

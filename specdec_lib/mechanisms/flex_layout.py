@@ -22,7 +22,8 @@ The mask_mod is composed from the pure pieces below; the BlockMask is built ONCE
 (`BlockMask.from_kv_blocks`, no `create_block_mask`): each step writes a few block counts and indices in place
 and the tensors the mask_mod reads (base, compressed), so compiled flex never recompiles. A query block whose
 rows are all compressed loads the fixed blocks and the block(s) of the forward's own rows; any other loads every
-valid block.
+valid block. The store keeps the layout only: its `attention_mode` (attention.py: flex, dense, split) computes a
+forward's attention from it.
 
 Between steps (`compress`, run by the next `prepare`): C picks the entries to keep; those outside the fixed
 region swap places with unselected ones inside it (one batched index copy for all layers, no loop over tokens).
@@ -37,14 +38,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .. import compat
 from ..checks import check_int
 from . import masks
+from .attention import ATTENTION_MODES, make_mode
 from .compression import CacheView, Compression, StreamingLLM
-from .flex_backend import (ATTENTION_MODES, ATTENTION_NAME, attach, block_mask_from_tables, block_table,
-                           choose_attention, flex)
+from .flex_backend import ATTENTION_NAME, attach, block_mask_from_tables, block_table, flex
 
 __all__ = ["ATTENTION_MODES", "ATTENTION_NAME", "BLOCK", "CacheView", "FlexLayoutStore", "LayoutSnapshot", "attach",
            "below", "block_table", "flex", "own_rows", "rows_where"]
@@ -97,14 +97,15 @@ class LayoutSnapshot:
     fixed_blocks: int
 
 
-class FlexLayoutStore(Cache):
+class FlexLayoutStore(compat.BufferCache):
     """The target's KV cache in FAFO's layout (see the module doc); a transformers Cache.
 
     model: the model the store serves (or its config, with `dtype` and `device`: kernel benchmarks need no
     weights); capacity: slots per layer (a multiple of `block`); compression: C (StreamingLLM() by default); block: KV
     block size of the BlockMask (128, FlexAttention's default); q_block: query block size; attention: how the
     attention function runs the mask (see `ATTENTION_MODES`; "auto": "compiled" on a GPU where compiled flex runs
-    for this model, else "split"; `attention_reason` says why, and a fallback on a GPU is printed)."""
+    for this model, else "split"; `attention_reason` says why, and a fallback on a GPU is printed). The store
+    keeps the layout; `attention_mode` (attention.py) computes the attention from it."""
 
     def __init__(self, model, capacity: int, compression: Compression | None = None, block: int = BLOCK,
                  q_block: int = 128, attention: str = "auto", dtype=None, device=None):
@@ -135,16 +136,8 @@ class FlexLayoutStore(Cache):
         self.slot_pos = torch.full((capacity,), -1, dtype=torch.long, device=device)
         self.queries = (torch.zeros(self.layers_n, heads, head_dim, dtype=dtype, device=device)
                         if self.compression.needs_queries else None)
-        self.attention_reason = "asked for"
-        if attention == "auto":
-            attention, self.attention_reason = choose_attention(device, dtype, heads, kv_heads, head_dim)
-            if device.type == "cuda" and attention != "compiled":
-                print(f"FlexLayoutStore: {self.attention_reason}")
-        if attention not in ATTENTION_MODES:
-            raise ValueError(f"attention must be 'auto' or one of {sorted(ATTENTION_MODES)}, got {attention!r}")
-        self.capacity, self.block, self.q_block, self.attention = capacity, block, q_block, attention
-        self._dense_mask = None  # "dense" mode: the mask of the forward in flight, rendered once for every layer
-        self._split_plan = None  # "split" mode: its row picks and own-rows mask (flex_backend._split_plan)
+        self.attention_mode, self.attention_reason = make_mode(attention, device, dtype, heads, kv_heads, head_dim)
+        self.capacity, self.block, self.q_block = capacity, block, q_block
         self.fixed_blocks = -(-kv_budget // block)  # B_fixed
         self.length = self.compressed = self._base = self._rows = 0
         self._causal = self._sees_pending = False
@@ -153,7 +146,12 @@ class FlexLayoutStore(Cache):
         self.base_t = torch.zeros((), dtype=torch.long, device=device)  # read by the mask_mods
         self.compressed_t = torch.zeros((), dtype=torch.long, device=device)
         self._forwards: dict[int, _Forward] = {}
-        super().__init__(layers=[_LayerView(self, i) for i in range(self.layers_n)])  # version-sensitive
+        super().__init__(self.layers_n)  # the layers transformers sees: views of keys/values (compat)
+
+    @property
+    def attention(self) -> str:
+        """The attention mode's name: one of ATTENTION_MODES."""
+        return self.attention_mode.name
 
     # -- the Cache side: transformers calls these ------------------------------------------------------
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
@@ -185,9 +183,9 @@ class FlexLayoutStore(Cache):
         if self._dirty:
             self.compress()
         causal = sees is None
-        # a prompt's prefill in split mode reads no (R, R) pattern (its attention is SDPA's causal kernel): the
-        # pattern, P x P at a long prompt's length, is written only if something draws it (dense_mask)
-        pending = causal and self.attention == "split" and self.length == 0
+        # a prompt's prefill in a mode without `prefill_pattern` (split: SDPA's causal kernel) reads no (R, R)
+        # pattern: the pattern, P x P at a long prompt's length, is written only if something draws it (dense_mask)
+        pending = causal and not self.attention_mode.prefill_pattern and self.length == 0
         if pending:
             sees = None
         elif causal:
@@ -206,7 +204,7 @@ class FlexLayoutStore(Cache):
         self.base_t.fill_(self.length)
         self.slot_pos[self.length:self.length + rows] = positions
         self._write_blocks(fwd, flags.tolist())
-        self._dense_mask = self._split_plan = None  # what the attention made for the last forward
+        self.attention_mode.new_forward()  # drop what the attention made for the last forward
         return fwd.block_mask
 
     def _forward(self, rows: int) -> _Forward:
@@ -291,7 +289,7 @@ class FlexLayoutStore(Cache):
             self._queried = True
 
     def forward_parts(self):
-        """The forward in flight, as the "split" attention reads it: (base, rows, compressed, sees (R, R),
+        """The forward in flight, as the attention modes read it: (base, rows, compressed, sees (R, R),
         compressed_rows (R,), causal): rows see slots < base (< compressed when flagged) and each other by sees."""
         fwd = self._forwards[self._rows]
         return self._base, self._rows, self.compressed, fwd.sees, fwd.compressed_rows, self._causal
@@ -302,18 +300,16 @@ class FlexLayoutStore(Cache):
 
     def dense_mask(self) -> torch.Tensor:
         """The forward in flight's mask_mod evaluated on every (row, slot): bool (1, 1, R, capacity) (only the
-        first valid_slots() columns are evaluated; the rest are False)."""
-        if self._dense_mask is None:
-            fwd = self._forwards[self._rows]
-            if self._sees_pending:  # a split-mode prefill skipped writing its causal pattern: write it now
-                fwd.sees.copy_(torch.ones(self._rows, self._rows, dtype=torch.bool).tril())
-                self._sees_pending = False
-            mask_mod = fwd.block_mask.mask_mod
-            mask = torch.zeros(self._rows, self.capacity, dtype=torch.bool, device=self.slot_pos.device)
-            mask[:, :self.valid_slots()] = masks.dense(mask_mod, self._rows, self.valid_slots(),
-                                                       self.slot_pos.device)
-            self._dense_mask = mask[None, None]
-        return self._dense_mask
+        first valid_slots() columns are evaluated; the rest are False). Rendered on each call: the dense mode
+        keeps it for the forward's other layers."""
+        fwd = self._forwards[self._rows]
+        if self._sees_pending:  # a split-mode prefill skipped writing its causal pattern: write it now
+            fwd.sees.copy_(torch.ones(self._rows, self._rows, dtype=torch.bool).tril())
+            self._sees_pending = False
+        mask = torch.zeros(self._rows, self.capacity, dtype=torch.bool, device=self.slot_pos.device)  # (R, slots)
+        mask[:, :self.valid_slots()] = masks.dense(fwd.block_mask.mask_mod, self._rows, self.valid_slots(),
+                                                   self.slot_pos.device)
+        return mask[None, None]
 
     def logical_mask(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(mask, key positions) of the forward in flight with the committed keys in LOGICAL order, for drawing:
@@ -330,29 +326,3 @@ class FlexLayoutStore(Cache):
     def loaded_blocks(self, rows: int) -> list[int]:
         """KV blocks each query block of the last R-row forward loads."""
         return self._forwards[rows].block_mask.kv_num_blocks[0, 0].tolist()
-
-
-# ---- transformers sees the store through this (version-sensitive: the CacheLayerMixin interface) -------
-
-class _LayerView(CacheLayerMixin):
-    """One layer of the store as transformers sees it (keys/values: views of the store's buffers)."""
-
-    def __init__(self, store, layer):
-        super().__init__()
-        self.store, self.layer, self.is_initialized = store, layer, True
-        self.keys, self.values = store.keys[layer][None], store.values[layer][None]
-
-    def lazy_initialization(self, key_states, value_states):
-        pass
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        return self.store.update(key_states, value_states, self.layer)
-
-    def get_mask_sizes(self, query_length):
-        return self.store.capacity, 0
-
-    def get_seq_length(self):
-        return self.store.length
-
-    def get_max_length(self):
-        return self.store.capacity

@@ -1,4 +1,5 @@
-"""The one place that touches `DynamicCache` internals (the version-sensitive calls themselves are in `compat`).
+"""The one place that works on a `DynamicCache`'s layers (what transformers names, and the version-sensitive
+calls, are spelled in `compat`).
 
 - `new_cache(model, capacity)`: an empty DynamicCache for a model; with a capacity its layers append in place
   into preallocated buffers (the loop's target cache: no copy of the whole cache per forward).
@@ -15,7 +16,6 @@ Simplifications: full-attention caches only (no sliding-window layers), batch si
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import DynamicLayer
 
 from .. import compat
 from ..checks import check_int
@@ -27,18 +27,16 @@ GROWING = 1024  # first capacity of a cache whose final length is not known up f
 def new_cache(model, capacity: int | None = None):
     """An empty DynamicCache for `model`; with `capacity`, its layers append in place into preallocated buffers
     (`ContiguousLayer`): no copy of the whole cache per forward."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=model.config)
+    cache = compat.new_dynamic_cache(model.config)
     if capacity is not None:
         check_int("capacity", capacity, 1)
-        if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
+        if compat.has_sliding_layers(cache):
             return cache  # sliding-window layers keep their own rolling buffers
         cache.layers = [ContiguousLayer(capacity) for _ in cache.layers]
     return cache
 
 
-class ContiguousLayer(DynamicLayer):
+class ContiguousLayer(compat.DynamicLayer):
     """A DynamicLayer that appends in place. DynamicLayer.update concatenates: every forward copies the layer's
     whole cache (at 16k tokens the copies cost about as much as the attention of a one-row step on a CPU). This
     one writes the new rows into a buffer of `capacity` slots (doubled when full) and keeps `keys`/`values` as
@@ -106,7 +104,7 @@ def compact(cache, keep_from: int, indices) -> None:
     idx = [int(i) for i in indices]
     if any(not 0 <= i < current - keep_from for i in idx) or keep_from < 0:
         raise ValueError(f"offsets {idx} after {keep_from} do not fit a cache of {current} tokens")
-    if any(hasattr(layer, "cumulative_length") for layer in cache.layers):  # sliding-window layers
+    if compat.has_counting_layers(cache):  # sliding-window layers
         raise NotImplementedError("compact supports full-attention (DynamicLayer) caches only")
     if idx == list(range(len(idx))):  # already contiguous: a plain crop is the same thing
         rollback(cache, keep_from + len(idx))

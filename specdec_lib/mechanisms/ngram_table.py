@@ -155,7 +155,7 @@ class NgramTable(_Table):
         """Insert only the windows that end in the n_new newest tokens of `tokens` (the sequence so far).
 
         In decoding: `update(prompt)` once, then `update_new(sequence, n_accepted + 1)` after every step (the
-        bonus token counts as new). That runs `update` over the last n_new + LL + FL - 1 tokens, so every
+        target's next token counts as new). That runs `update` over the last n_new + LL + FL - 1 tokens, so every
         window of the final sequence is inserted exactly once and in the same order as one `update` over the
         whole sequence would insert it."""
         if not isinstance(n_new, numbers.Integral) or n_new <= 0:

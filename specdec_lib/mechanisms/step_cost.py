@@ -1,5 +1,6 @@
 """What one forward, and one step of the decoding loop, cost on this device: the timings `"auto"` draft budgets
-choose from (mechanisms/budget.py), and that notebooks 00 and 08 draw (bench.costs serves them there).
+choose from (kept as curves by cost_curve.py, read by budget.py's choosers), and that notebooks 00 and 08 draw
+(bench.costs serves them there).
 
 - `forward_cost(model, rows, prefix)`: median milliseconds of ONE forward that feeds R new query rows (tokens)
   on top of a cached prefix of `prefix` tokens. On small batches the cost barely grows with R at first (the

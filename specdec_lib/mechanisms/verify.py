@@ -100,7 +100,7 @@ class Proposal:
     def capped(self, max_depth: int) -> "Proposal":
         """The proposal without nodes deeper than max_depth (what can still be emitted); topology kept."""
         tree = self.tree
-        if tree.max_depth <= max_depth:
+        if tree.depth <= max_depth:
             return self
         keep = [i for i, d in enumerate(tree.depths) if d <= max_depth]
         new = {old: n for n, old in enumerate(keep)}
@@ -367,7 +367,7 @@ def tree_logits(target, cache, tree: DraftTree, prefix_len: int, lazy: bool = Fa
 class TreeVerdict(NamedTuple):
     accepted: list[int]  # accepted node indices, root-to-leaf order (may be empty)
     tokens: list[int]  # their tokens
-    bonus: int  # the target's token after the accepted path (the next root)
+    next_token: int  # the target's own token after the accepted path (the next root): Verdict.next_token
     logits: object  # (1 + n, V): row 0 = root, row i + 1 = node i (a RowLogits when lazy)
 
 

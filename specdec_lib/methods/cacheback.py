@@ -13,7 +13,7 @@ One step, committed = prompt + output so far, the cache holding all of it but th
              emitted token: exactly lossless, since the drafts are a deterministic function of the history)
     commit:  keep the accepted path's KV entries in place (kv_cache.compact): nothing is re-fed, so TDL
              only pays for the root (refed=1; the reference crops and re-feeds every accepted token)
-    update:  dynamic.update_new over the newly emitted tokens (bonus included)
+    update:  dynamic.update_new over the newly emitted tokens (the next token included)
 
 This module is the proposer (tables -> `propose` a tree, `observe` -> table update); verification, commit,
 prefill (folded into the first forward, for every attention backend) and the per-step records are the one
@@ -48,8 +48,7 @@ from __future__ import annotations
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
-from ..mechanisms.budget import (TreeBudget, check_budget, check_costs, chooser_stats, is_auto, reach,
-                                 resolve_curve)
+from ..mechanisms.budget import Budget, TreeBudget
 from ..mechanisms.draft_tree import grow_tree
 from ..mechanisms.ngram_table import NgramTable
 from ..tables import resolve_frozen
@@ -88,9 +87,10 @@ class Cacheback(Proposer):
                  crt: int | None = None, merge: bool = False, frozen=True, dynamic: bool = True, tokenizer=None,
                  costs=None):
         ll, fl, lc, fc = (check_int(name, value, 1) for name, value in dict(ll=ll, fl=fl, lc=lc, fc=fc).items())
-        tdl = check_budget("tdl", tdl, 1)
+        self.budget = Budget("tdl", tdl, 1, costs=costs)
+        tdl = self.budget.value
         crt = None if crt is None else check_int("crt", crt)
-        if is_auto(tdl):
+        if self.budget.auto:
             self.ladder = [(t, scaled_crt(t, fl) if crt is None else crt) for t in TDL_LADDER
                            if crt is None or 0 <= crt <= t - 2]
             if not self.ladder:
@@ -101,8 +101,6 @@ class Cacheback(Proposer):
                 raise ValueError(f"need tdl >= 2 and 0 <= crt <= tdl - 2 (TDL counts the re-fed root, so TDL - 1 "
                                  f"draft slots, and CRT of them are kept from level 0, which needs one), got "
                                  f"tdl={tdl}, crt={crt}")
-        check_costs("tdl", tdl, costs=costs)
-        self.costs = costs
         for name, value in dict(merge=merge, dynamic=dynamic).items():
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be True or False, got {value!r}")
@@ -126,35 +124,28 @@ class Cacheback(Proposer):
             self.tables.insert(0, self.dynamic)
         self.tail = max(t.leader_len for t in self.tables)  # grow_tree reads at most this many context tokens
         self.window = c["ll"] + c["fl"] - 1
-        self.chooser = None
-        if is_auto(c["tdl"]):  # the curve is read (or measured once per device + model + dtype) before any step
-            self.crts = dict(self.ladder)
-            req = state.request
-            drafting = [t for t, crt in self.ladder if holds_chain(t, crt, c["fl"])]
-            self.chooser = TreeBudget(resolve_curve(self.costs, req.target, reach(req)), list(self.crts),
-                                      context=len(state.committed), first=drafting[0] if drafting else None)
+        # the curve is read (or measured once per device + model + dtype) before any step
+        self.crts = dict(self.ladder) if self.budget.auto else {c["tdl"]: c["crt"]}
+        drafting = [t for t, crt in self.crts.items() if holds_chain(t, crt, c["fl"])]
+        self.budget.start(state.request, lambda curve: TreeBudget(
+            curve, list(self.crts), context=len(state.committed), first=drafting[0] if drafting else None))
 
     def _grow(self, context, tdl: int, crt: int):
         return grow_tree(context, self.tables, tdl, crt, refed=1, merge=self.config["merge"])
 
     def propose(self, state: LoopState, max_depth: int) -> Proposal:
-        c = self.config
         context = state.committed[-self.tail:]
-        if self.chooser is None:
-            return Proposal(self._grow(context, c["tdl"], c["crt"]), info=dict(draft_size=c["tdl"]))
-        tdl, others = self.chooser.choose(len(state.committed))
-        carry = self.chooser.carry(others, lambda other: self._grow(context, other, self.crts[other]))
-        return Proposal(self._grow(context, tdl, self.crts[tdl]), info=dict(draft_size=tdl), carry=carry)
+        tdl = self.budget.choose(len(state.committed))
+        carry = self.budget.carry(lambda other: self._grow(context, other, self.crts[other]))
+        return Proposal(self._grow(context, tdl, self.crts[tdl]), info=self.budget.info(tdl), carry=carry)
 
     def observe(self, state: LoopState, verdict) -> None:
-        proposal = verdict.proposal
-        if "regrow" in proposal.carry:  # before the table update: the neighbouring trees this step could have grown
-            self.chooser.record_proposal(proposal, verdict.emitted)
+        self.budget.record(verdict)  # before the table update: the neighbouring trees this step could have grown
         if self.dynamic is not None:  # the windows completed by the new tokens (§3.2, Figure 2)
             n_new = len(verdict.emitted)
             self.dynamic.update_new(state.committed[-(n_new + self.window):], n_new)
 
     def stats(self) -> dict:
-        return dict(config=dict(self.config), **chooser_stats(self.chooser),
+        return dict(config=dict(self.config), **self.budget.stats(),
                     frozen=None if self.frozen is None else (self.frozen.meta.get("path") or "in memory"),
                     dynamic_leaders=len(self.dynamic) if self.dynamic is not None else 0)

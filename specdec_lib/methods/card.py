@@ -1,58 +1,39 @@
 """CARD: parallel query-and-correct (Zhou et al., "A Cache-Assisted Parallel Speculative Decoding Framework
-via Query-and-Correct Paradigm", §2): a drafter grows a beam-like tree of width K (mechanisms/card_tree.py)
-while the target queries ONE chain from it per step and sends back the correction.
+via Query-and-Correct Paradigm", §2): the proposer. The mechanism lives in mechanisms/: the drafter's width-K
+tree, its layers, the query (greedy descent, or a chain drawn from q: why that is lossless) and the correction in
+card_tree.py; the three drafters that grow it beside the target (`mode` "sync", "thread", "process"), their one
+interface and how each runs, in card_drafter.py (the process drafter in card_process.py). What this module adds
+is the target's side:
 
-    start:   the tree from the prompt (the first layer feeds it to the draft)
-    propose: query the tree: greedy descent by cumulative score, or a chain drawn from q when sampling
-             (card_tree's module doc says why that is lossless); the loop verifies it as a chain
-    observe: correct the tree: hit (the target's token is a child of the last accepted node) -> prune to that
-             subtree; miss -> reset from the correct token
+    start:   a drafter of `mode` from the prompt (the first layer feeds it to the draft)
+    propose: wait until the tree is ready, query ONE chain from it; the loop verifies it as a chain
+    observe: hand the drafter the correction (hit: prune to the subtree; miss: reset from the correct token)
 
-Modes (`mode`), each a drafter of mechanisms/card_drafter.py behind one interface (query, correct, close):
-- "sync": deterministic fixed interleaving in the caller's thread: per target step the drafter adds exactly
-  `ratio` layers (one draft forward each), run inside propose right AFTER the query, i.e. where they would run
-  concurrently with the target's verify, so that the correction sees them (a chain descends to a leaf: with
-  the layers drafted before the query only, a fully accepted chain's bonus could never be a hit). Before a
-  query the tree must be `ratio` deep: on the first step and after a miss the target waits for the drafter;
-- "thread": a worker thread ("card-drafter") adds layers continuously (up to `max_depth`) while the target
-  verifies; propose waits for the same readiness as sync mode (`ratio` layers since the last query and a tree
-  `ratio` deep, or the tree at max_depth). Only the worker runs draft forwards and touches the draft's KV:
-  observe hands it the correction, and a forward that raced a correction is rolled back. On one machine
-  this SIMULATES the paper's two GPUs: the two threads share the CPU, each with ONE intra-op thread -
-  torch.set_num_threads is process-global, so start sets 1 for the whole process and finish restores the old
-  value (torch kernels release the GIL, so the two overlap on the CPU's cores as far as the kernels go).
-  A worker exception is recorded and re-raised in the next propose/observe, or in finish; finish stops the
-  worker and joins it (with a timeout) on every exit: EOS, max_new_tokens, or an exception on either side.
-  On small models the forwards are mostly Python work under the GIL, so the two threads slow each other down
-  (the target's verify takes markedly longer; notebook 07 measures it); "process" is the real concurrency on a
-  CPU;
-- "process": the drafter in a forked child process (mechanisms/card_process.py), as the paper's two processes:
-  the same readiness rule, over the tree copy the child publishes after every layer; corrections go to the
-  child, which applies them between two forwards (a layer in flight is kept and then corrected); in greedy
-  runs the target prunes its copy itself on a hit and need not wait for the child. The draft
-  gets one intra-op thread, the target the rest (at least one). CPU only (fork); Linux.
+- readiness (`_ready`, every mode): `ratio` layers since the last query and a tree at least `ratio` deep (on the
+  first step and after a miss the target waits for the drafter), or a tree the drafter cannot grow (at
+  `draft_depth`, the drafter's depth limit ahead of the root). Sync mode grows its `ratio` layers right after
+  the query, where they would run beside the target's verify.
+- the chain is at most `draft_depth - 1` deep: the drafter's deepest layer then still holds the children of the
+  chain's last node, so a fully accepted chain's bonus can be a hit.
+- threads: beside a CPU target the drafter gets one intra-op thread, and the target one too in thread mode
+  (torch.set_num_threads is process-global: set in start, restored when the drafter closes) or the rest in
+  process mode (at least one); a GPU target keeps the CPU threads it had, and a CPU drafter gets as many.
+  `finish` closes the drafter on every exit: EOS, max_new_tokens, or an exception on either side.
+- `draft_device="cpu"` (thread or process mode): the paper's second GPU, on a machine with one GPU, as the CPU
+  cores beside it: the drafter works on a float32 copy of the draft (`draft_on`, made once per draft model), and
+  a sampled chain's q rows travel to the target's device. The other reading, a second CUDA stream, is thread mode
+  with the draft on the GPU.
 
 Ablation (`correction=False`, sync mode only; the paper's Table 2 "+ Cache (query but don't correct)"): the
 target queries the tree but never corrects the drafter. The drafter keeps growing its tree from the old root;
 the target descends from the node that spells the committed text (`anchor`), and when the committed text has
-left the tree (a miss) it has nothing to verify but its own next token until the drafter, at max_depth with
+left the tree (a miss) it has nothing to verify but its own next token until the drafter, at draft_depth with
 nothing left to draft, restarts from the committed text.
 
-A GPU target (`draft_device`): the paper's second GPU is, on one machine with one GPU, either the same GPU on a
-second CUDA stream or the CPU cores beside it.
-- thread mode with the draft on CUDA: the worker issues every draft kernel on its own CUDA stream (the target's
-  verify runs on the default stream), and synchronises that stream after each forward, so a layer is complete
-  before the target can query it and the draft's busy interval is the GPU's;
-- `draft_device="cpu"`: the drafter works on a float32 copy of the draft on the CPU (made once per draft model),
-  in thread mode or in process mode (a forked child that never touches CUDA, as a DataLoader worker); the
-  target keeps the CPU threads it had, since a GPU target needs few of them, and the drafter gets the rest (one
-  at least); a sampled chain's q rows travel to the target's device.
-
-Draft budget: `query` caps the chain the target verifies per step (None: max_depth - 1, as above);
-`query="auto"` picks it each step like draft_model's gamma="auto" (mechanisms/budget.ChainBudget: per-depth
-acceptance against this machine's cost curve; drafting counts as free, since the drafter works whether or not
-the target reads its deeper layers, and a shorter query keeps them: a fully accepted chain's bonus still hits the
-tree). The width K stays fixed: it shapes the layers the drafter has already grown when the target's verdict
+Draft budget: `query` caps the chain the target verifies per step (None: draft_depth - 1, as above);
+`query="auto"` picks it each step like draft_model's gamma="auto" (mechanisms/budget.ChainBudget; drafting counts
+as free, since the drafter works whether or not the target reads its deeper layers, and a shorter query keeps
+them). The width K stays fixed: it shapes the layers the drafter has already grown when the target's verdict
 arrives, and the hit rate a different K would have had cannot be read off the step (its tree would differ).
 
 Per-step info: card_nodes (tree size at the query), card_layers (layers since the previous query), hit (in
@@ -62,9 +43,8 @@ start/end of each draft forward and of each target step = propose's return to ob
 overlap figure (bench/timeline.py); thread mode also counts the layers discarded by a correction.
 
 Simplifications: the paper's two processes on two GPUs are two processes on one CPU, or one process (threads,
-or none), or a GPU target beside a CPU drafter or a second stream; the target
-verifies one chain (no tree attention on the target side, as the paper); scores use the draft's raw
-probabilities; the drafter stops at `max_depth` layers ahead of the root.
+or none), or a GPU target beside a CPU drafter or a second stream; the target verifies one chain (no tree
+attention on the target side, as the paper).
 """
 from __future__ import annotations
 
@@ -76,8 +56,7 @@ import torch
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
-from ..mechanisms.budget import (ChainBudget, check_budget, check_costs, chooser_stats, is_auto, reach,
-                                 resolve_curve)
+from ..mechanisms.budget import Budget, ChainBudget
 from ..mechanisms.card_drafter import WORKER_NAME, SyncDrafter, ThreadDrafter, growable
 from ..mechanisms.card_process import DrafterProcess
 from ..mechanisms.draft_tree import ROOT, DraftTree
@@ -103,7 +82,7 @@ def draft_on(draft, device: str | None):
 class Card(Proposer):
     """CARD (query-and-correct): a width-K draft tree grown in parallel, one chain verified per step."""
 
-    def __init__(self, width: int = 8, ratio: int = 2, mode: str = "sync", max_depth: int = 12,
+    def __init__(self, width: int = 8, ratio: int = 2, mode: str = "sync", draft_depth: int = 12,
                  correction: bool = True, query: int | str | None = None, costs=None,
                  draft_device: str | None = None):
         if draft_device not in DRAFT_DEVICES:
@@ -113,11 +92,10 @@ class Card(Proposer):
             raise ValueError("draft_device='cpu' moves the drafter beside the target: use mode='thread' or 'process'")
         self.draft_device = draft_device
         self.width = check_int("width", width, 1)
-        self.query = None if query is None else check_budget("query", query, 1)
-        check_costs("query", query, costs=costs)
-        self.costs = costs
+        self.budget = Budget("query", query, 1, optional=True, costs=costs)
+        self.query = self.budget.value
         self.ratio = check_int("ratio", ratio, 1)
-        self.max_depth = check_int("max_depth", max_depth, 1)
+        self.draft_depth = check_int("draft_depth", draft_depth, 1)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.mode = mode
@@ -137,22 +115,20 @@ class Card(Proposer):
         self.target_busy: list[tuple[float, float]] = []
         self._t_query = None
         self.anchor = ROOT  # where queries start: the node spelling committed[-1] (None: the text left the tree)
-        self.chooser = None
-        if is_auto(self.query):  # the target's curve, read (or measured once) before the drafter starts
-            self.chooser = ChainBudget(resolve_curve(self.costs, req.target, reach(req)),
-                                       max_len=max(1, self.max_depth - 1))
+        # the target's curve, read (or measured once) before the drafter starts
+        self.budget.start(req, lambda curve: ChainBudget(curve, max_len=max(1, self.draft_depth - 1)))
         self.target_device = req.input_ids.device
         draft, committed = draft_on(req.draft, self.draft_device), state.committed
         # On a CPU both sides share the cores: one intra-op thread each. A GPU target needs few CPU threads:
         # it keeps what it has and a CPU drafter gets as many.
         cpu_target, threads = self.target_device.type == "cpu", torch.get_num_threads()
         if self.mode == "sync":
-            self.drafter = SyncDrafter(draft, self.width, committed, self.max_depth, self.ratio)
+            self.drafter = SyncDrafter(draft, self.width, committed, self.draft_depth, self.ratio)
         elif self.mode == "thread":
-            self.drafter = ThreadDrafter(draft, self.width, committed, self.max_depth, WAIT_S,
+            self.drafter = ThreadDrafter(draft, self.width, committed, self.draft_depth, WAIT_S,
                                          threads=1 if cpu_target else None)
         else:
-            self.drafter = DrafterProcess(draft, self.width, committed, self.max_depth,
+            self.drafter = DrafterProcess(draft, self.width, committed, self.draft_depth,
                                           share_logits=not self.sampling.greedy, wait_s=WAIT_S,
                                           threads=1 if cpu_target else threads,
                                           parent_threads=max(1, threads - 1) if cpu_target else None)
@@ -165,9 +141,9 @@ class Card(Proposer):
 
     def _ready(self, tree, since_query: int) -> bool:
         """The target may query: `ratio` layers since the last query and a tree at least `ratio` deep (after a
-        miss the target waits for the drafter), or a tree the drafter cannot grow (at max_depth)."""
-        deep_enough = tree.depth >= min(self.ratio, self.max_depth)
-        return not growable(tree, self.max_depth) or (since_query >= self.ratio and deep_enough)
+        miss the target waits for the drafter), or a tree the drafter cannot grow (at draft_depth)."""
+        deep_enough = tree.depth >= min(self.ratio, self.draft_depth)
+        return not growable(tree, self.draft_depth) or (since_query >= self.ratio and deep_enough)
 
     def propose(self, state: LoopState, max_depth: int) -> Proposal:
         # sync mode drafts only when a chain can still be emitted; the concurrent drafters are there anyway
@@ -178,28 +154,27 @@ class Card(Proposer):
         return proposal
 
     def _query(self, tree, since: int, state: LoopState, max_depth: int) -> Proposal:
-        # at most max_depth - 1 deep: the drafter's deepest layer then still holds the children of the chain's
-        # last node, so a fully accepted chain's bonus token can be a hit (at max_depth the drafter idles)
-        limit = min(max_depth, max(1, self.max_depth - 1))
-        if self.chooser is not None and limit > 0:
-            limit = self.chooser.choose(limit, len(state.committed))
-        elif isinstance(self.query, int):
-            limit = min(limit, self.query)
+        # at most draft_depth - 1 deep: the drafter's deepest layer then still holds the children of the chain's
+        # last node, so a fully accepted chain's bonus token can be a hit (at draft_depth the drafter idles);
+        # max_depth: the loop's cap, the deepest draft that can still be emitted
+        limit = min(max_depth, max(1, self.draft_depth - 1))
+        if limit > 0:
+            query = self.budget.choose(len(state.committed), limit)
+            limit = limit if query is None else min(limit, query)
         if not self.correction and self.anchor is None:  # a stale tree: nothing to query
             chain, q = [], None
         else:
             chain, q = tree.query(limit, self.sampling, self.generator, start=self.anchor)
         if q is not None and q.device != self.target_device:  # a CPU drafter beside a GPU target
             q = q.to(self.target_device)
-        info = dict(draft_size=limit, card_nodes=len(tree), card_layers=since, hit=None)
+        info = dict(**self.budget.info(limit), card_nodes=len(tree), card_layers=since, hit=None)
         return Proposal(DraftTree.chain(state.committed[-1], chain), q=q, info=info)
 
     def observe(self, state: LoopState, verdict) -> None:
         self.target_busy.append((self._t_query, time.perf_counter()))
         hit = self.drafter.correct(state.committed) if self.correction else self._follow(state.committed)
         verdict.proposal.info["hit"] = hit
-        if self.chooser is not None and len(verdict.proposal.tree):
-            self.chooser.record(len(verdict.proposal.tree), len(verdict.accepted))
+        self.budget.record(verdict)
         self.hits += hit
         self.misses += not hit
 
@@ -208,15 +183,15 @@ class Card(Proposer):
         tree = self.drafter.tree
         path, hit = tree.match(committed)
         self.anchor = path[-1] if hit and path[-1] < tree.fed else None  # a query needs the node's logits
-        if not growable(tree, self.max_depth):  # the drafter is done with its tree: it starts over from the text
+        if not growable(tree, self.draft_depth):  # the drafter is done with its tree: it starts over from the text
             hit = tree.correct(committed)
             self.anchor = ROOT
         return hit
 
     def stats(self) -> dict:
-        config = dict(width=self.width, ratio=self.ratio, mode=self.mode, max_depth=self.max_depth,
+        config = dict(width=self.width, ratio=self.ratio, mode=self.mode, draft_depth=self.draft_depth,
                       correction=self.correction, query=self.query, draft_device=self.draft_device)
-        out = dict(config=config, **chooser_stats(self.chooser), draft_layers=self.drafter.layers,
+        out = dict(config=config, **self.budget.stats(), draft_layers=self.drafter.layers,
                    hits=self.hits, misses=self.misses,
                    hit_rate=self.hits / (self.hits + self.misses) if self.hits + self.misses else float("nan"))
         if self.mode != "sync":

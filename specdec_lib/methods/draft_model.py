@@ -31,7 +31,7 @@ emits every token with probability exactly p (Leviathan et al., Appendix A.1): t
 against an exact enumeration, with a negative control.
 
 Draft budget from this machine (mechanisms/budget.py): gamma="auto" picks, each step, the gamma in
-1..16 maximising E[tokens | gamma] / (gamma x t_draft(1) + t_target(gamma + 1)), E from the per-depth acceptance
+0..16 (0: a plain step, where no draft pays; a draft is probed again every 16 such steps) maximising E[tokens | gamma] / (gamma x t_draft(1) + t_target(gamma + 1)), E from the per-depth acceptance
 counted online, t_draft and t_target the two models' forward costs measured here once (cached per device +
 model + dtype; `costs=` / `draft_costs=` inject them). adaptive=True is HF's heuristic instead (+2 after a full
 acceptance, -1 otherwise, blind to costs); the two exclude each other.
@@ -46,8 +46,7 @@ import torch
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
-from ..mechanisms.budget import (ChainBudget, check_budget, check_costs, chooser_stats, is_auto, reach,
-                                 resolve_curve)
+from ..mechanisms.budget import Budget, ChainBudget
 from ..mechanisms.draft_tree import DraftTree
 from ..mechanisms.kv_cache import TrackedCache
 from ..sampling import probs, sample
@@ -64,13 +63,13 @@ class DraftModel(Proposer):
     heuristic schedule."""
 
     def __init__(self, gamma: int | str = 4, adaptive: bool = False, costs=None, draft_costs=None):
-        self.gamma = check_budget("gamma", gamma, 1)
+        self.budget = Budget("gamma", gamma, 1, costs=costs, draft_costs=draft_costs)
+        self.gamma = self.budget.value
         if not isinstance(adaptive, bool):
             raise TypeError(f"adaptive must be True or False, got {adaptive!r}")
-        if adaptive and is_auto(gamma):
+        if adaptive and self.budget.auto:
             raise ValueError("gamma='auto' and adaptive=True are two schedules for one gamma: pick one")
-        check_costs("gamma", gamma, costs=costs, draft_costs=draft_costs)
-        self.adaptive, self.costs, self.draft_costs = adaptive, costs, draft_costs
+        self.adaptive = adaptive
         self.config = dict(gamma=self.gamma, adaptive=adaptive)  # as set: the adaptive schedule moves self.gamma
 
     def start(self, state: LoopState) -> None:
@@ -78,15 +77,12 @@ class DraftModel(Proposer):
         self.sampling, self.generator = state.request.sampling, state.request.generator
         self.eos = state.request.eos_token_id
         self.draft_forwards = 0
-        self.chooser = None
-        if is_auto(self.gamma):  # g draft forwards of one row each, then the target's g + 1 rows
-            req = state.request
-            one = resolve_curve(self.draft_costs, req.draft).at(0)(1)
-            self.chooser = ChainBudget(resolve_curve(self.costs, req.target, reach(req)), max_len=AUTO_MAX_GAMMA,
-                                       draft_ms=lambda g: g * one)
+        req = state.request  # g draft forwards of one row each, then the target's g + 1 rows
+        one = self.budget.curve(req.draft, name="draft_costs").at(0)(1) if self.budget.auto else 0.0
+        self.budget.start(req, lambda curve: ChainBudget(curve, max_len=AUTO_MAX_GAMMA, draft_ms=lambda g: g * one))
 
     def propose(self, state: LoopState, max_depth: int) -> Proposal:
-        gamma = self.gamma if self.chooser is None else self.chooser.choose(max_depth, len(state.committed))
+        gamma = self.gamma if self.adaptive else self.budget.choose(len(state.committed), max_depth)
         g = min(gamma, max_depth)  # the step adds g + 1 tokens at most
         drafts, q_rows = [], []
         feed = state.committed[len(self.draft.tokens):]  # 1 token, 2 after a full acceptance, the prompt on step 1
@@ -103,18 +99,17 @@ class DraftModel(Proposer):
             if x == self.eos:  # nothing after an EOS can be emitted
                 break
         q = torch.stack(q_rows) if q_rows else None  # (g, V)
-        return Proposal(DraftTree.chain(state.committed[-1], drafts), q=q, info=dict(draft_size=g))
+        return Proposal(DraftTree.chain(state.committed[-1], drafts), q=q, info=self.budget.info(g))
 
     def observe(self, state: LoopState, verdict) -> None:
         self.draft.commit(state.committed)
         if state.debug:
             self.draft.check(state.committed, "draft")
         drafted = len(verdict.proposal.tree)
-        if self.chooser is not None and drafted:
-            self.chooser.record(drafted, len(verdict.accepted))
+        self.budget.record(verdict)
         if self.adaptive and drafted:  # HF's "heuristic" schedule
             self.gamma = self.gamma + 2 if len(verdict.accepted) == drafted else max(1, self.gamma - 1)
 
     def stats(self) -> dict:
-        return dict(config=dict(self.config), **chooser_stats(self.chooser),
+        return dict(config=dict(self.config), **self.budget.stats(),
                     draft_forwards=self.draft_forwards)

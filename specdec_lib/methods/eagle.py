@@ -27,7 +27,8 @@ under greedy decoding and under sampling alike (verify.walk_tree draws each emit
 
 Budget: `budget` (tree nodes verified) is an int or "auto": chosen each step on this machine's cost curve by
 TreeBudget (mechanisms/budget.py) from the ladder BUDGET_LADDER; the same ranked list answers what any other
-budget would have yielded (its top b), so the counterfactuals cost nothing.
+budget would have yielded (its top b), so the counterfactuals cost nothing. Budget 0 is a plain step (no head
+forward), taken where no tree pays.
 
 Simplifications: the head's draft time is not priced by the budget chooser (it depends on topk and depth, not on
 the budget); the head reads normed features (eagle_head.py); sampling verifies the greedy top-k tree by the walk,
@@ -42,10 +43,10 @@ from .. import compat
 from ..checks import check_int
 from ..eagle_head import EagleHead, head_for
 from ..loop import LoopState, Proposal, Proposer, register_proposer
-from ..mechanisms.budget import TreeBudget, check_budget, check_costs, chooser_stats, is_auto, reach, resolve_curve
+from ..mechanisms.budget import Budget, TreeBudget
 from ..mechanisms.draft_tree import ROOT, DraftTree
 
-BUDGET_LADDER = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # budget="auto" picks among these
+BUDGET_LADDER = (0, 1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # budget="auto" picks among these
 
 
 @register_proposer("eagle")
@@ -58,12 +59,11 @@ class Eagle(Proposer):
 
     def __init__(self, budget: int | str = "auto", topk: int = 8, depth: int = 6, head: EagleHead | None = None,
                  costs=None):
-        self.budget = check_budget("budget", budget, 1)
+        self.budget = Budget("budget", budget, 1, costs=costs)
         self.topk, self.depth = check_int("topk", topk, 1), check_int("depth", depth, 1)
         if head is not None and not isinstance(head, EagleHead):
             raise TypeError(f"head must be an EagleHead, got {type(head).__name__}")
-        check_costs("budget", budget, costs=costs)
-        self.head, self.costs = head, costs
+        self.head = head
 
     def start(self, state: LoopState) -> None:
         req = state.request
@@ -77,10 +77,7 @@ class Eagle(Proposer):
         self.device = next(req.target.parameters()).device
         self.cache, self.exact = DynamicCache(), 0  # the head's cache; rows 0..exact-1 hold true features
         self.pending: list[torch.Tensor] = []  # features (d,) of positions exact.. not yet fed to the head
-        self.chooser = None
-        if is_auto(self.budget):
-            self.chooser = TreeBudget(resolve_curve(self.costs, req.target, reach(req)), BUDGET_LADDER,
-                                      context=len(state.committed))
+        self.budget.start(req, lambda curve: TreeBudget(curve, BUDGET_LADDER, context=len(state.committed)))
         self.head_forwards = self.head_rows = 0
 
     def _head(self, feats: torch.Tensor, tokens: list[int], positions: list[int], sees: torch.Tensor):
@@ -176,19 +173,15 @@ class Eagle(Proposer):
         root = state.committed[-1]
         if not self.pending or max_depth < 1:  # step 1 (no features yet), or nothing more can be emitted
             return Proposal(DraftTree(root), features=True)
-        if self.chooser is not None:
-            budget, others = self.chooser.choose(len(state.committed))
-            nodes = self._draft(state.committed, max_depth, max([budget, *others]))
-            carry = self.chooser.carry(others, lambda b: self._tree(root, nodes, b))
-        else:
-            budget, carry = self.budget, {}
-            nodes = self._draft(state.committed, max_depth, budget)
-        return Proposal(self._tree(root, nodes, budget), info=dict(draft_size=budget), carry=carry, features=True)
+        budget = self.budget.choose(len(state.committed))
+        most = max([budget, *self.budget.others])  # one ranked list answers every candidate
+        nodes = self._draft(state.committed, max_depth, most) if most else []  # 0: a plain step
+        carry = self.budget.carry(lambda b: self._tree(root, nodes, b))
+        return Proposal(self._tree(root, nodes, budget), info=self.budget.info(budget), carry=carry, features=True)
 
     def observe(self, state: LoopState, verdict) -> None:
         rows = verdict.logits  # RowLogits: row 0 the root, row i + 1 node i
-        if "regrow" in verdict.proposal.carry:
-            self.chooser.record_proposal(verdict.proposal, verdict.emitted)
+        self.budget.record(verdict)
         kept = len(verdict.emitted) - 1  # accepted nodes that were committed (an EOS / length cut drops some)
         feats = [rows.hidden[0]] + [rows.hidden[i + 1] for i in verdict.accepted[:kept]]
         if rows.context is not None and len(rows.context):  # step 1: the prompt's rows before the root
@@ -196,5 +189,5 @@ class Eagle(Proposer):
         self.pending.extend(feats)
 
     def stats(self) -> dict:
-        return dict(config=dict(budget=self.budget, topk=self.topk, depth=self.depth), **chooser_stats(self.chooser),
+        return dict(config=dict(budget=self.budget.value, topk=self.topk, depth=self.depth), **self.budget.stats(),
                     head_forwards=self.head_forwards, head_rows=self.head_rows)

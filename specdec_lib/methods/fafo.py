@@ -55,8 +55,7 @@ from collections import OrderedDict
 import torch
 
 from ..checks import check_int
-from ..mechanisms.budget import (TreeBudget, check_budget, check_costs, chooser_stats, is_auto, reach,
-                                 resolve_curve)
+from ..mechanisms.budget import Budget, TreeBudget
 from ..loop import LoopState, Proposal, Proposer, SideRows, register_proposer
 from ..mechanisms import flex_layout, verify
 from ..mechanisms.compression import Compression, Quest, StreamingLLM
@@ -124,9 +123,8 @@ class Fafo(Proposer):
                  fused: bool = True, seed: int = 0, candidates: int | str | None = "auto", costs=None,
                  from_text: bool = True):
         check_int("streams", streams, 1)
-        self.cap = streams if candidates is None else check_budget("candidates", candidates, 0)
-        check_costs("candidates", candidates, costs=costs)
-        self.costs = costs
+        self.budget = Budget("candidates", streams if candidates is None else candidates, 0, costs=costs)
+        self.cap = self.budget.value
         check_int("guess_len", guess_len, 1)
         check_int("kv_budget", kv_budget, 1)
         check_int("block", block, 1)
@@ -171,14 +169,11 @@ class Fafo(Proposer):
             self.pool.add_text(prompt, self.k)
         self.found = self.proposed = self.fumble_forwards = 0
         self._previous = None
-        self.chooser = None
-        if is_auto(self.cap):
-            most = self.n * self.k  # a trie of n candidates of k tokens holds at most n x k nodes
-            ladder = sorted({c for c in NODE_LADDER if c < most} | {most})
-            req = state.request  # the fumble rows read C(kv) only: priced at its length (budget.TreeBudget)
-            self.chooser = TreeBudget(resolve_curve(self.costs, req.target, reach(req)), ladder,
-                                      context=len(prompt), cheap_rows=self.n * self.k,
-                                      cheap_context=self.compression.kv_budget)
+        most = self.n * self.k  # a trie of n candidates of k tokens holds at most n x k nodes
+        ladder = sorted({c for c in NODE_LADDER if c < most} | {most})
+        # the fumble rows read C(kv) only: priced at its length (budget.TreeBudget)
+        self.budget.start(state.request, lambda curve: TreeBudget(
+            curve, ladder, context=len(prompt), cheap_rows=self.n * self.k, cheap_context=self.compression.kv_budget))
 
     def target_cache(self, state: LoopState):
         req = state.request
@@ -197,16 +192,17 @@ class Fafo(Proposer):
         candidates = self.pool.lookup(state.committed, self.n, self.k) if max_depth > 0 else []
         extra, carry = {}, {}
         root, nodes, found = state.committed[-1], None, [sub for _, sub in candidates]
-        if self.chooser is not None and candidates:  # none found: nothing to choose (or learn)
-            nodes, others = self.chooser.choose(len(state.committed))  # the fumble rows: its cheap_rows
-            carry = self.chooser.carry(others, lambda other: DraftTree.trie(root, found, max_depth, nodes=other))
-            extra = dict(draft_size=nodes)
+        if candidates and self.budget.auto:  # none found: nothing to choose (or learn)
+            nodes = self.budget.choose(len(state.committed))  # the fumble rows: its cheap_rows
+            carry = self.budget.carry(lambda other: DraftTree.trie(root, found, max_depth, nodes=other))
+            extra = self.budget.info(nodes)
         elif candidates:
-            candidates, found, extra = candidates[:self.cap], found[:self.cap], dict(draft_size=self.cap)
+            candidates, found, extra = candidates[:self.cap], found[:self.cap], self.budget.info(self.cap)
         tree = DraftTree.trie(root, found, max_depth, nodes=nodes)
         self.proposed += bool(candidates)
         tokens = [self.streams[i][j] for j in range(self.k) for i in range(self.n)]  # column-wise
-        info = dict(candidates=len(candidates), prefix_len=max((m for m, _ in candidates), default=0),
+        # match_len: the longest suffix of the committed text that keyed a candidate (0: none found)
+        info = dict(candidates=len(candidates), match_len=max((m for m, _ in candidates), default=0),
                     pool=len(self.pool), **extra)
         if not self.fused:
             carry["predicted"] = self._fumble_pass(state, tokens)
@@ -232,13 +228,11 @@ class Fafo(Proposer):
         if self.from_text:  # the k-token runs the emitted tokens complete
             committed = state.committed
             self.pool.add_text(committed, self.k, len(committed) - len(verdict.emitted) - self.k + 1)
-        proposal = verdict.proposal
-        if "regrow" in proposal.carry:
-            self.chooser.record_proposal(proposal, verdict.emitted)
+        self.budget.record(verdict)
         if self.fused:
             predicted = verdict.side_logits.argmax(-1).tolist()  # (n,): each stream's next token
         else:
-            predicted = proposal.carry["predicted"]
+            predicted = verdict.proposal.carry["predicted"]
             if predicted is None:
                 return
         for i, token in enumerate(predicted):
@@ -249,6 +243,6 @@ class Fafo(Proposer):
     def stats(self) -> dict:
         return dict(config=dict(streams=self.n, guess_len=self.k, compression=repr(self.compression),
                                 block=self.block, fused=self.fused, candidates=self.cap,
-                                from_text=self.from_text), **chooser_stats(self.chooser),
+                                from_text=self.from_text), **self.budget.stats(),
                     pool_size=len(self.pool), steps_with_candidates=self.proposed,
                     steps_with_accepted_candidates=self.found, fumble_forwards=self.fumble_forwards)

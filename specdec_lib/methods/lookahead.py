@@ -46,8 +46,7 @@ import torch
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, SideRows, register_proposer
-from ..mechanisms.budget import (TreeBudget, check_budget, check_costs, chooser_stats, is_auto, reach,
-                                 resolve_curve)
+from ..mechanisms.budget import Budget, TreeBudget
 from ..mechanisms.draft_tree import DraftTree
 
 GUESS_LADDER = (0, 1, 2, 3, 4, 5, 7, 10, 14)  # guesses="auto" picks among these (the pool keeps the largest)
@@ -102,10 +101,9 @@ class Lookahead(Proposer):
 
     def __init__(self, window: int = 7, ngram: int = 5, guesses: int | str = 7, from_text: bool = True,
                  seed: int = 0, costs=None):
-        self.W, self.N, self.G = check_int("window", window, 1), check_int("ngram", ngram, 2), \
-            check_budget("guesses", guesses, 0)
-        check_costs("guesses", guesses, costs=costs)
-        self.costs = costs
+        self.W, self.N = check_int("window", window, 1), check_int("ngram", ngram, 2)
+        self.budget = Budget("guesses", guesses, 0, costs=costs)
+        self.G = self.budget.value
         if not isinstance(from_text, bool):
             raise TypeError(f"from_text must be True or False, got {from_text!r}")
         self.from_text, self.seed = from_text, check_int("seed", seed)
@@ -115,12 +113,9 @@ class Lookahead(Proposer):
         rng = random.Random(self.seed)  # own RNG: the window never touches the request's generator
         # level 0 is wider by the N-2 columns the warm-up steps drop; one level until the window fills
         self.levels = [[rng.choice(prompt) for _ in range(self.W + self.N - 2)]]
-        self.chooser = None
-        if is_auto(self.G):  # the pool keeps the most the ladder may propose; the chooser picks how many
-            req = state.request
-            self.chooser = TreeBudget(resolve_curve(self.costs, req.target, reach(req)), GUESS_LADDER,
-                                      context=len(prompt))
-        self.pool = NgramPool(GUESS_LADDER[-1] if self.chooser else self.G)
+        self.budget.start(state.request, lambda curve: TreeBudget(curve, GUESS_LADDER, context=len(prompt)))
+        # the pool keeps the most the ladder may propose; the chooser picks how many
+        self.pool = NgramPool(GUESS_LADDER[-1] if self.budget.auto else self.G)
         if self.from_text:
             self.pool.add_text(prompt, self.N)
         self.window_grams = self.guesses_proposed = 0
@@ -131,13 +126,11 @@ class Lookahead(Proposer):
         guesses = self.pool.get(root) if length > 0 else []
         levels, cols = len(self.levels), len(self.levels[0])
         info, carry = {}, {}
-        if self.chooser is not None and guesses:  # no guesses: nothing to choose (or learn)
-            g, others = self.chooser.choose(len(state.committed))
+        if guesses:  # no guesses: nothing to choose (or learn)
+            g = self.budget.choose(len(state.committed))
             found = guesses  # the window rows are paid whatever g is
-            carry = self.chooser.carry(others, lambda other: DraftTree.trie(root, found[:other], length), levels * cols)
-            info, guesses = dict(draft_size=g), guesses[:g]
-        elif guesses:
-            info = dict(draft_size=self.G)
+            carry = self.budget.carry(lambda other: DraftTree.trie(root, found[:other], length), levels * cols)
+            info, guesses = self.budget.info(g), guesses[:g]
         tree = DraftTree.trie(root, guesses, length)
         tokens = [t for level in self.levels for t in level]  # level-major, levels * cols
         depths = [1 + i + j for i in range(levels) for j in range(cols)]  # level i, column j at root + 1 + i + j
@@ -149,8 +142,7 @@ class Lookahead(Proposer):
 
     def observe(self, state: LoopState, verdict) -> None:
         proposal = verdict.proposal
-        if "regrow" in proposal.carry:
-            self.chooser.record_proposal(proposal, verdict.emitted)
+        self.budget.record(verdict)
         levels, cols = len(self.levels), len(self.levels[0])
         # side_logits (cols, V): the last level's rows (logits_rows); argmax even when sampling: the window only
         # generates guesses
@@ -169,6 +161,6 @@ class Lookahead(Proposer):
 
     def stats(self) -> dict:
         return dict(config=dict(window=self.W, ngram=self.N, guesses=self.G, from_text=self.from_text,
-                                seed=self.seed), **chooser_stats(self.chooser),
+                                seed=self.seed), **self.budget.stats(),
                     pool_keys=len(self.pool.grams), pool_ngrams=self.pool.size, window_ngrams=self.window_grams,
                     guesses_proposed=self.guesses_proposed)

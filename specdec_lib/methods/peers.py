@@ -57,8 +57,8 @@ class ForwardCounter:
 def accept_lengths_from_starts(starts: list[int], prompt_length: int, new_tokens: int) -> list[int]:
     """Tokens gained per forward, from the cache length at each forward's start.
 
-    After forward k the output holds c_k = starts[k+1] + 1 tokens in all (the cache, plus the bonus token
-    that is not fed yet); before the first, c = prompt length; after the last, prompt + new tokens."""
+    After forward k the output holds c_k = starts[k+1] + 1 tokens in all (the cache, plus the next token,
+    which is not fed yet); before the first, c = prompt length; after the last, prompt + new tokens."""
     committed = [prompt_length] + [s + 1 for s in starts[1:]] + [prompt_length + new_tokens]
     return [b - a for a, b in zip(committed[:-1], committed[1:])]
 

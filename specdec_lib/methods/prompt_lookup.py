@@ -20,7 +20,7 @@ Lookup cost: an index {n-gram: position} per n, extended with the new tokens aft
 costs O(new tokens * max_ngram), not a scan of the whole text (the original and HF scan with unfold).
 
 Draft budget from this machine (mechanisms/budget.py): num_tokens="auto" picks, at each match, the
-chain length g in 1..32 maximising E[tokens | g] / t(g + 1), E from P(accept depth d | depth d reached) counted
+chain length g in 0..32 (0: no draft, where none pays; probed again every 16 such matches) maximising E[tokens | g] / t(g + 1), E from P(accept depth d | depth d reached) counted
 over this generation's matched steps, t the target's forward cost measured here once (cached per device + model
 + dtype; `costs=` injects one).
 
@@ -30,8 +30,7 @@ from __future__ import annotations
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
-from ..mechanisms.budget import (ChainBudget, check_budget, check_costs, chooser_stats, is_auto, reach,
-                                 resolve_curve)
+from ..mechanisms.budget import Budget, ChainBudget
 from ..mechanisms.draft_tree import DraftTree
 
 
@@ -87,11 +86,10 @@ class PromptLookup(Proposer):
 
     def __init__(self, num_tokens: int | str = 10, max_ngram: int = 3, min_ngram: int = 1, match: str = "recent",
                  costs=None):
-        self.num_tokens = check_budget("num_tokens", num_tokens, 1)
+        self.budget = Budget("num_tokens", num_tokens, 1, costs=costs)
+        self.num_tokens = self.budget.value
         self.max_ngram, self.min_ngram = (check_int(name, value, 1) for name, value in (
             ("max_ngram", max_ngram), ("min_ngram", min_ngram)))
-        check_costs("num_tokens", num_tokens, costs=costs)
-        self.costs = costs
         if min_ngram > max_ngram:
             raise ValueError(f"min_ngram ({min_ngram}) must be <= max_ngram ({max_ngram})")
         if match not in ("recent", "earliest"):
@@ -102,25 +100,22 @@ class PromptLookup(Proposer):
         self.eos = state.request.eos_token_id
         self.index = NgramIndex(self.min_ngram, self.max_ngram, earliest=self.match == "earliest")
         self.index.extend(state.committed)
-        self.chooser = None
-        if is_auto(self.num_tokens):
-            req = state.request
-            self.chooser = ChainBudget(resolve_curve(self.costs, req.target, reach(req)), max_len=AUTO_MAX_TOKENS)
+        self.budget.start(state.request, lambda curve: ChainBudget(curve, max_len=AUTO_MAX_TOKENS))
 
     def propose(self, state: LoopState, max_depth: int) -> Proposal:
         committed = state.committed
         n, start = self.index.lookup(committed)
-        count = self.num_tokens if self.chooser is None else self.chooser.choose(max_depth, len(committed))
-        count = min(count, max_depth)
-        drafts = continuation(committed, start, count, self.eos) if n else []
-        info = dict(ngram=n, draft_size=count) if n else dict(ngram=n)  # no match: no draft, no draft size
+        if not n:  # no match: no draft, no draft size
+            return Proposal(DraftTree.chain(committed[-1], []), info=dict(ngram=n))
+        count = min(self.budget.choose(len(committed), max_depth), max_depth)
+        drafts = continuation(committed, start, count, self.eos)
+        info = dict(ngram=n, **self.budget.info(count))
         return Proposal(DraftTree.chain(committed[-1], drafts), info=info)
 
     def observe(self, state: LoopState, verdict) -> None:
-        if self.chooser is not None and len(verdict.proposal.tree):  # steps with a match only
-            self.chooser.record(len(verdict.proposal.tree), len(verdict.accepted))
+        self.budget.record(verdict)  # steps with a draft only
         self.index.extend(state.committed)  # indexes only the n-grams it has not seen
 
     def stats(self) -> dict:
         return dict(config=dict(num_tokens=self.num_tokens, max_ngram=self.max_ngram, min_ngram=self.min_ngram,
-                                match=self.match), **chooser_stats(self.chooser))
+                                match=self.match), **self.budget.stats())

@@ -39,7 +39,7 @@ import torch
 
 from ..bench import run_bench, summarize
 from ..bench.costs import forward_cost
-from ..mechanisms.flex_backend import choose_attention
+from ..mechanisms.attention import choose_attention
 from ..models import gpu_name, load_models, resolve_dtype, resolve_device
 
 BENCH_METHODS = ("hf,autoregressive,hf_prompt_lookup,hf_assisted,prompt_lookup,draft_model,cacheback,"

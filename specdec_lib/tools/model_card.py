@@ -67,7 +67,7 @@ def long_context_lines(models_dir: Path, short) -> list[str]:
                       for a, b in zip(LOSS_EDGES[:-1], LOSS_EDGES[1:]))
     lines = ["## The long pair (`load_models(\"tiny-long\")`)", "",
              f"The same weights read at {TINY_LONG_CONTEXT} positions through YaRN rope scaling "
-             "(`compat.yarn_config`: config only, no training). Held-out loss (nats/token) by position, one causal "
+             "(`models.yarn_config`: config only, no training). Held-out loss (nats/token) by position, one causal "
              f"forward over the longest long_code prompt ({ids.shape[1]:,} held-out tokens, files concatenated):",
              "",
              f"| model | rope | {head} |", "|---|---|" + "---|" * (len(LOSS_EDGES) - 1)]

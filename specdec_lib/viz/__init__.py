@@ -5,7 +5,7 @@ a plotly `go.Figure`; explorers return an ipywidgets box with `.update()`/`.run(
 `show()`. Notebooks compute with the library, then draw with these. plotly and ipywidgets are imported in this
 package only, so the rest of `specdec_lib` imports without them.
 
-- `common`: what the modules share: `token_text`, the colour code, `pick_column`, `render` (explorer redraw).
+- `common`: what the modules share: `token_text`, the colour code, `need_columns`, `render` (explorer redraw).
 - `tables`: n-gram tables, leaders and followers in recency order (`table_figure`, `table_explorer`).
 - `trees`: draft trees by depth and breadth, the accepted path (`tree_layout`, `tree_figure`, `tree_explorer`,
   `budget_explorer`).

@@ -3,7 +3,7 @@
 Per step and per token, from a `GenerationResult` and its per-step records (`result.stats["steps"]`: the same
 dict for every method, with `tree_size`, `accepted`, `emitted`, `full`, `draft_us`, ...):
 
-- `acceptance_figure(result)`: tokens gained by each target forward (bonus included), MAT as a line.
+- `acceptance_figure(result)`: tokens gained by each target forward (the next token included), MAT as a line.
 - `steps_figure(result)`: per step, the draft size verified (bars) and the tokens gained (markers).
 - `draft_time_figure({name: result})`: the distribution of per-step drafting time, µs, one box per run.
 - `token_kinds(result)`: (step, kind) of every new token: an accepted draft, a bonus or a correction.
@@ -30,7 +30,7 @@ KIND_TEXT = {"draft": "accepted draft", "bonus": "bonus (the target's token afte
 
 
 def acceptance_figure(result, title: str | None = None) -> go.Figure:
-    """Tokens each target forward added (bonus included) for one `GenerationResult`."""
+    """Tokens each target forward added (the next token included) for one `GenerationResult`."""
     lengths = list(result.accept_lengths)
     fig = go.Figure(go.Bar(x=list(range(len(lengths))), y=lengths, name="tokens gained",
                            hovertemplate="forward %{x}: +%{y}<extra></extra>"))
@@ -56,7 +56,7 @@ def steps_figure(result, title: str | None = None) -> go.Figure:
     # whole tokens on their own grid (plotly would otherwise align this axis to the bars' ticks: 0.539, 1.078...)
     fig.update_yaxes(title_text="tokens gained", rangemode="tozero", dtick=1, showgrid=False, secondary_y=True)
     fig.update_layout(template="plotly_white", legend=dict(orientation="h", y=1.1),
-                      title=title or f"{len(steps)} steps, MAT {result.mean_accepted:.2f}")
+                      title=title or f"{len(steps)} steps, MAT {result.mat:.2f}")
     return fig
 
 
@@ -100,17 +100,18 @@ def _visible(text: str) -> str:
     return html.escape(text).replace("\n", "↵\n").replace("\t", "⇥\t")
 
 
-def acceptance_html(tokens_text: Sequence[str], step_ids: Sequence[int], is_bonus: Sequence, prompt: str = "",
+def acceptance_html(tokens_text: Sequence[str], step_ids: Sequence[int], kinds: Sequence, prompt: str = "",
                     title: str | None = None, legend: bool = True, max_prompt_chars: int = 300) -> str:
     """The generated text as HTML: each token on the background colour of the step that produced it (colours
-    cycle), the target's own token of a step (is_bonus True, or kind "bonus"/"correction") bold and
-    underlined: solid for a bonus, wavy for a correction. Hover a token for its step and kind.
+    cycle), the target's own token of a step (kind "bonus"/"correction", or True) bold and underlined: solid for
+    a bonus, wavy for a correction. Hover a token for its step and kind.
 
-    tokens_text: one string per token (decode token by token); is_bonus: bools or kinds from `token_kinds`.
+    tokens_text: one string per token (decode token by token); kinds: from `token_kinds`, or bools (True: the
+    target's own token, shown as a bonus).
     `prompt` (its last `max_prompt_chars` characters) is shown first, in grey."""
-    if not len(tokens_text) == len(step_ids) == len(is_bonus):
-        raise ValueError(f"{len(tokens_text)} tokens, {len(step_ids)} step ids, {len(is_bonus)} kinds")
-    kinds = [k if isinstance(k, str) else ("bonus" if k else "draft") for k in is_bonus]
+    if not len(tokens_text) == len(step_ids) == len(kinds):
+        raise ValueError(f"{len(tokens_text)} tokens, {len(step_ids)} step ids, {len(kinds)} kinds")
+    kinds = [k if isinstance(k, str) else ("bonus" if k else "draft") for k in kinds]
     unknown = set(kinds) - set(KIND_TEXT)
     if unknown:
         raise ValueError(f"unknown token kinds {sorted(unknown)}; use {sorted(KIND_TEXT)} or booleans")

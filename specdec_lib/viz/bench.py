@@ -20,15 +20,16 @@ from typing import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import MAT_COLUMNS, TOKENS_PER_S, pick_column, render
+from .common import need_columns, render
 
 
-def bench_figure(summary, tokens_col: str | None = None, mat_col: str | None = None) -> go.Figure:
-    """Bars of tokens/s and MAT per method from `harness.summarize(runs)` (method as column or index)."""
+def bench_figure(summary) -> go.Figure:
+    """Bars of tokens/s (`tokens_per_s`) and MAT (`mat`) per method from `harness.summarize(runs)` (method as
+    column or index)."""
     table = summary.reset_index() if "method" not in summary.columns else summary
     methods = table["method"].astype(str).tolist()
-    tokens_col = tokens_col or pick_column(table, TOKENS_PER_S, "tokens/s")
-    mat_col = mat_col or pick_column(table, MAT_COLUMNS, "MAT")
+    tokens_col, mat_col = "tokens_per_s", "mat"
+    need_columns(table, tokens_col, mat_col)
     fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens / s (higher is faster)",
                                                         "MAT: tokens per target forward"))
     fig.add_trace(go.Bar(x=methods, y=table[tokens_col].tolist(), name="tokens/s",
@@ -43,9 +44,9 @@ def gamma_sweep_figure(table, methods: Sequence[str] | None = None, title: str |
     """Tokens/s (left) and MAT (right) against gamma, one line per method.
 
     table: one row per (gamma, method), e.g. `harness.summarize` outputs concatenated with a `gamma` column;
-    tokens/s from `tokens_per_s` (or another name in `common.TOKENS_PER_S`), MAT from `mat` (or `mean_accepted`)."""
-    tps = pick_column(table, TOKENS_PER_S, "tokens/s")
-    mat = pick_column(table, MAT_COLUMNS, "MAT")
+    tokens/s from `tokens_per_s`, MAT from `mat`."""
+    tps, mat = "tokens_per_s", "mat"
+    need_columns(table, tps, mat)
     methods = list(methods) if methods is not None else list(dict.fromkeys(table["method"]))
     fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens / s (higher is faster)",
                                                         "MAT: tokens per target forward"))

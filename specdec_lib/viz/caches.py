@@ -202,7 +202,7 @@ def rollback_explorer(run: Callable, prompts, decode: Callable, gamma: int = 4, 
         state.update(result=result, steps=steps, html=page, figure=fig)
         full = sum(s.full_acceptance for s in steps)
         status.value = (f"{len(result.new_tokens)} tokens in {result.target_forwards} target forwards: MAT "
-                        f"{result.mean_accepted:.2f}, acceptance rate {result.stats['acceptance_rate']:.2f}, "
+                        f"{result.mat:.2f}, acceptance rate {result.stats['acceptance_rate']:.2f}, "
                         f"{full} full acceptances, {result.tokens_per_s:.0f} tokens/s")
         text.value = page
         render(view, fig)

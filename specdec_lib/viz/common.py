@@ -1,4 +1,4 @@
-"""What every viz module shares: token text, the colour code, column picking and redrawing an explorer.
+"""What every viz module shares: token text, the colour code, column checks and redrawing an explorer.
 
 Nothing here draws a figure of its own. The helpers exist so that the subject modules (tables, trees, masks,
 caches, acceptance, costs, bench) agree on how a token reads, what a colour means and how an explorer
@@ -9,8 +9,8 @@ redraws, without importing each other's private names.
 - `DRAFTED`, `ACCEPTED`, `BONUS`, `CORRECTION`: one colour per token role, the same in every figure and in
   the acceptance HTML (a bonus is gold and a correction orange wherever they appear).
 - `step_records(steps)`: the per-step dicts of `result.stats["steps"]`, from a `GenerationResult` or as given.
-- `pick_column(table, candidates, what)`: the first of several accepted column names a data frame has
-  (summaries name tokens/s and MAT a few ways); `TOKENS_PER_S`, `MAT_COLUMNS` are those names.
+- `need_columns(table, *names)`: a KeyError naming the missing columns (summaries name tokens/s `tokens_per_s`
+  and MAT `mat`, one name each, as `GenerationResult` and the saved tables do).
 - `prompt_options(prompts)`: dropdown options from prompt strings or {"id", "prompt"} dicts.
 - `render(view, *figures)`: replace an `Output` widget's content with figures: how every explorer redraws.
 """
@@ -21,10 +21,6 @@ from typing import Callable
 MRU_COLOR, LRU_COLOR = (107, 174, 214), (239, 245, 251)  # recency shading: most recent dark, least recent light
 # token roles in a speculative step
 DRAFTED, ACCEPTED, BONUS, CORRECTION = "rgb(200,200,200)", "rgb(49,163,84)", "rgb(255,193,7)", "rgb(230,85,13)"
-
-# Summaries from bench, ablation and hand-made frames name the same quantity differently; accept them all.
-TOKENS_PER_S = ("tokens_per_s", "tokens_per_second", "tok_per_s", "tok_s", "tokens/s")
-MAT_COLUMNS = ("mat", "MAT", "mean_accepted")
 
 
 def token_text(tokens, decode: Callable | None = None) -> str:
@@ -48,12 +44,11 @@ def step_records(steps) -> list[dict]:
     return list(steps.stats["steps"]) if hasattr(steps, "stats") else list(steps)
 
 
-def pick_column(table, candidates, what: str) -> str:
-    """The first name in `candidates` that is a column of `table`; a KeyError naming `what` otherwise."""
-    for name in candidates:
-        if name in table.columns:
-            return name
-    raise KeyError(f"no {what} column (looked for {', '.join(candidates)}); columns: {list(table.columns)}")
+def need_columns(table, *names: str) -> None:
+    """A KeyError naming the columns of `names` that `table` lacks, and the columns it has."""
+    missing = [name for name in names if name not in table.columns]
+    if missing:
+        raise KeyError(f"no column {', '.join(missing)}; columns: {list(table.columns)}")
 
 
 def prompt_options(prompts) -> list[tuple[str, str]]:

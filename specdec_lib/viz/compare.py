@@ -127,7 +127,7 @@ def why_explorer(results: dict):
     def update(_=None):
         result = results[choose.value]
         costs = _per_token(result)
-        status.value = (f"{choose.value}: {len(step_records(result))} steps, MAT {result.mean_accepted:.2f}; "
+        status.value = (f"{choose.value}: {len(step_records(result))} steps, MAT {result.mat:.2f}; "
                         f"per token: draft {costs['draft']:.2f} ms + verify {costs['verify']:.2f} ms + update "
                         f"{costs['update']:.2f} ms")
         figures = (step_costs_figure(result, f"{choose.value}: step by step"), cost_per_token_figure(results))

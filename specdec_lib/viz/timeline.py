@@ -66,7 +66,7 @@ def card_explorer(pair, prompts, max_new_tokens: int = 64, width: int = 8, ratio
             for label, method, settings in runs:
                 result = generate(method, pair.target, ids, max_new_tokens, draft=pair.draft, **settings)
                 busy[label] = busy_from_card(result) if "draft_busy" in result.stats else busy_from_steps(result)
-                rows.append(dict(run=label, tokens_per_s=result.tokens_per_s, mat=result.mean_accepted,
+                rows.append(dict(run=label, tokens_per_s=result.tokens_per_s, mat=result.mat,
                                  hit_rate=result.stats.get("hit_rate"),
                                  overlap=overlap(busy[label]["draft"], busy[label]["target"])["fraction"]))
                 progress.value += 1

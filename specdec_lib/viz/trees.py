@@ -2,8 +2,8 @@
 
 - `tree_layout(tree)`: (x, y) of the root and every node: x = depth, y = breadth (leaves on consecutive
   rows, a parent between its first and last child, so a chain is a straight line).
-- `tree_figure(tree, decode, accepted, bonus)`: the draft tree with edges to parents and token labels; the
-  accepted path (and the target's bonus token) highlighted.
+- `tree_figure(tree, decode, accepted, next_token)`: the draft tree with edges to parents and token labels; the
+  accepted path (and the target's next token after it) highlighted.
 - `tree_explorer(pair, prompts, tables_factory)`: sliders for TDL, CRT, LL, FL and a prompt picker; the tree
   and its mask (`masks.mask_figure`) are regrown and redrawn. Growing a tree is a table lookup: no model runs
   unless the caller passes `accept_fn`.
@@ -55,14 +55,14 @@ def tree_layout(tree: DraftTree | Sequence[int]) -> tuple[list[float], list[floa
 
 
 def tree_figure(tree, decode: Callable | None = None, accepted: Sequence[int] | None = None,
-                bonus: int | None = None, title: str | None = None, labels: bool | None = None) -> go.Figure:
+                next_token: int | None = None, title: str | None = None, labels: bool | None = None) -> go.Figure:
     """A draft tree: root at depth 0 on the left, nodes at x = depth, edges to their parents.
 
     Traces, in order: "edges", "nodes" (one point per node plus the root: customdata = node index, -1 for
     the root), and, when `accepted` (node indices, root to leaf) is given, "accepted path" (exactly those
-    nodes, same customdata) over a thick "accepted edges" line from the root; `bonus` adds the target's bonus
-    token one level after the path. `labels` (default: when the tree has at most 160 nodes) writes the
-    tokens on the nodes."""
+    nodes, same customdata) over a thick "accepted edges" line from the root; `next_token` adds the target's own
+    next token (the verdict's next_token: a bonus or a correction) one level after the path. `labels` (default:
+    when the tree has at most 160 nodes) writes the tokens on the nodes."""
     parents, tokens = list(tree.parents), list(tree.tokens)
     n = len(tokens)
     xs, ys = tree_layout(tree)
@@ -92,20 +92,20 @@ def tree_figure(tree, decode: Callable | None = None, accepted: Sequence[int] | 
         fig.add_trace(go.Scatter(x=px[1:], y=py[1:], mode="markers", customdata=path, name="accepted path",
                                  marker=dict(size=13, color="crimson", line=dict(color="white", width=1)),
                                  hovertext=[f"accepted node {i}: {texts[i + 1]}" for i in path], hoverinfo="text"))
-        if bonus is not None:
+        if next_token is not None:
             bx, by = px[-1] + 1, py[-1]
             fig.add_trace(go.Scatter(x=[px[-1], bx], y=[py[-1], by], mode="lines", hoverinfo="skip",
                                      line=dict(color="darkorange", width=2, dash="dot"), showlegend=False))
-            fig.add_trace(go.Scatter(x=[bx], y=[by], mode="markers+text", name="bonus token",
-                                     text=[token_text([bonus], decode)], textposition="middle right",
+            fig.add_trace(go.Scatter(x=[bx], y=[by], mode="markers+text", name="next token",
+                                     text=[token_text([next_token], decode)], textposition="middle right",
                                      marker=dict(size=13, symbol="diamond", color="darkorange"),
-                                     hovertext=[f"bonus token (the target's own) id {bonus}"], hoverinfo="text"))
+                                     hovertext=[f"next token (the target's own) id {next_token}"], hoverinfo="text"))
     leaves = max(1, int(max(ys)) + 1) if ys else 1
     depth_max = max(depth) if depth else 0
     if title is None:
         title = f"Draft tree: {n} nodes, depth {depth_max}, {len(tree.leaves()) if n else 0} leaves"
         if accepted is not None:
-            title += f"; accepted {len(accepted)} + bonus" if bonus is not None else f"; accepted {len(accepted)}"
+            title += f"; accepted {len(accepted)}" + (" + next token" if next_token is not None else "")
     fig.update_layout(title=title, template="plotly_white", height=min(1400, max(320, 90 + 20 * leaves)),
                       xaxis=dict(title="depth (0 = root)", dtick=1, range=[-0.5, depth_max + 2.2]),
                       yaxis=dict(visible=False, autorange="reversed"), showlegend=accepted is not None,
@@ -171,7 +171,7 @@ def budget_explorer(run: Callable, prompts, budgets: Sequence[int] = (2, 4, 8, 1
     """A budget slider and a prompt picker over trees of several shapes drafted at the same budget.
 
     run(prompt_text, budget) -> {label: {"tree": DraftTree, "accepted": node indices (root to leaf) or None,
-    "bonus": the target's token after them or None, "mat": a float or None}}: the caller's drafts (this module
+    "next_token": the target's own token after them or None, "mat": a float or None}}: the caller's drafts (this module
     runs no model), e.g. a static and a dynamic tree of the same step and the MAT of a whole generation with each.
     One `tree_figure` per label, in run's order. prompts: strings or {"id", "prompt"} dicts. The box has
     `.update()` and `.state` (keys: prompt, budget, runs, figures)."""
@@ -189,13 +189,14 @@ def budget_explorer(run: Callable, prompts, budgets: Sequence[int] = (2, 4, 8, 1
         figures, parts = [], []
         for label, r in runs.items():
             tree, accepted, mat = r["tree"], r.get("accepted"), r.get("mat")
-            title = f"{label}: {len(tree)} nodes, depth {tree.max_depth}"
+            title = f"{label}: {len(tree)} nodes, depth {tree.depth}"
             if accepted is not None:
                 title += f", {len(accepted)} accepted"
             if mat is not None:
                 title += f"; MAT of the generation {mat:.2f}"
-            figures.append(tree_figure(tree, decode=decode, accepted=accepted, bonus=r.get("bonus"), title=title))
-            parts.append(f"<b>{label}</b>: {len(tree)} nodes, depth {tree.max_depth}"
+            figures.append(tree_figure(tree, decode=decode, accepted=accepted, next_token=r.get("next_token"),
+                                       title=title))
+            parts.append(f"<b>{label}</b>: {len(tree)} nodes, depth {tree.depth}"
                          + ("" if accepted is None else f", {len(accepted)} accepted")
                          + ("" if mat is None else f", MAT {mat:.2f}"))
         state.update(prompt=pick.value, budget=size.value, runs=runs, figures=figures)

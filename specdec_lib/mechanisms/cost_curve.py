@@ -1,0 +1,224 @@
+"""t(rows, context): what one step of the decoding loop costs on this machine, the curve every "auto" budget reads.
+
+A step that verifies R rows (the root and R - 1 drafted tokens) costs t(R) ms. On a GPU t is nearly flat for
+small R (the weights are read once per forward either way); on a CPU it grows early, and not always smoothly
+(a kernel switch at 2 rows is common: notebook 00 measures it). The choosers in budget.py weigh the tokens a
+draft is expected to yield against this price, so the curve has to be this model's, on this device, in this
+dtype, with these linear kernels (prepack.py), timed the way the loop really runs a step:
+
+- `CostCurve`: t(rows) at one cached-prefix length, timed by step_cost.verify_cost (the loop's own verify +
+  commit: tree mask, masked attention and the walk included, which a bare forward leaves out), linear between
+  measured row counts, made monotone (a point above a later, larger one is timing noise), cached on disk per
+  `model_key` + prefix (`cost_cache_dir`) and in memory per process; `from_points` injects one (tests).
+- `ContextCosts`: the price of a row grows with the context (every full-context row reads the whole KV cache,
+  so at 16k tokens 8 rows cost far more over one than at 256): curves after several prefixes (PREFIXES, those
+  the generation reaches), linear in the prefix between them and beyond (attention is linear in the keys it
+  reads); `at(context)` is the curve a step at that context pays.
+- `resolve_curve` (a method's `costs=` option), `reach` (the longest context a request reaches) and
+  `prepare_costs` (measure before anything is timed: a benchmark calls it so no generation's time holds a
+  measurement).
+
+Simplifications: t is measured at a few prefixes (256, 1k, 4k, 8k, 16k, ...) on the loop's plain cache (FAFO's
+store reads through its own attention: priced the same); the prefix holds random token ids (cost does not depend
+on them); batch size 1.
+"""
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..models import cache_root
+
+CURVE_KIND = "loop verify + commit"  # in the cache key: curves timed another way (plain forwards) are re-measured
+MEASURE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+PREFIXES = (256, 1024, 4096, 8192, 16384, 32768, 65536)  # cached prefixes ContextCosts times (to the context reached)
+CONTEXT_STEP = 64  # ContextCosts.at memoises one curve per this many tokens of context (at the bucket's top)
+_MEMO: dict[str, "CostCurve"] = {}  # curves measured or read in this process, by cache key
+
+
+def cost_cache_dir() -> Path:
+    """Where measured curves are kept: $SPECDEC_CACHE/costs, else ~/.cache/specdec_lib/costs."""
+    return cache_root() / "costs"
+
+
+def _device_name(device) -> str:
+    import torch
+
+    from ..models import cpu_model_name
+
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return f"{device.type}:{cpu_model_name()}:{torch.get_num_threads()} threads"  # cost depends on the threads
+
+
+def model_key(model) -> dict:
+    """What a curve is valid for: device name, model identity (name_or_path, parameter count, config hash),
+    dtype, its linear kernels (prepack.py), the torch version, and what was timed."""
+    import torch
+
+    from ..prepack import is_prepacked
+    param = next(model.parameters())
+    config = json.dumps(model.config.to_dict(), sort_keys=True, default=str)
+    return dict(device=_device_name(param.device), model=str(getattr(model.config, "name_or_path", "") or ""),
+                params=int(sum(p.numel() for p in model.parameters())),
+                config=hashlib.sha256(config.encode()).hexdigest()[:16], dtype=str(param.dtype),
+                linear="prepacked" if is_prepacked(model) else "plain", torch=torch.__version__, timed=CURVE_KIND)
+
+
+class CostCurve:
+    """t(rows): ms of one target forward of `rows` query rows, linear between measured points, extended
+    beyond the last one with the last slope (and flat below the first)."""
+
+    def __init__(self, rows: Sequence[float], ms: Sequence[float], key: dict | None = None):
+        order = np.argsort(np.asarray(rows, dtype=float))
+        self.rows = np.asarray(rows, dtype=float)[order]
+        self.ms = np.asarray(ms, dtype=float)[order]
+        if len(self.rows) < 1 or len(set(self.rows)) != len(self.rows) or self.rows[0] < 1:
+            raise ValueError(f"need distinct row counts >= 1, got {list(rows)}")
+        if not np.all(np.isfinite(self.ms)) or np.any(self.ms <= 0):
+            raise ValueError(f"costs must be positive finite ms, got {list(ms)}")
+        # more rows never cost less. Timing noise is mostly upward (an interrupt, another process), so a point
+        # above a later, larger one is a spike: t(r) = min over r' >= r of the measured points
+        self.ms = np.minimum.accumulate(self.ms[::-1])[::-1]
+        self._rows, self._ms = self.rows.tolist(), self.ms.tolist()
+        self.key = key
+
+    @classmethod
+    def from_points(cls, points) -> "CostCurve":
+        """From {rows: ms} or [(rows, ms), ...] (tests inject curves this way)."""
+        pairs = sorted(dict(points).items())
+        return cls([r for r, _ in pairs], [m for _, m in pairs])
+
+    def __call__(self, rows: float) -> float:
+        """t(rows) in ms. Plain Python (bisect), not numpy: the choosers call it between two forwards, where a
+        numpy call costs several times more than in isolation."""
+        r, m = self._rows, self._ms
+        if rows <= r[0] or len(r) == 1:
+            return m[0]
+        if rows >= r[-1]:  # beyond the last point: its slope
+            return m[-1] + max(0.0, (m[-1] - m[-2]) / (r[-1] - r[-2])) * (rows - r[-1])
+        i = bisect.bisect_right(r, rows)  # r[i - 1] <= rows < r[i]
+        return m[i - 1] + (m[i] - m[i - 1]) * (rows - r[i - 1]) / (r[i] - r[i - 1])
+
+    def __repr__(self) -> str:
+        points = ", ".join(f"{int(r)}: {m:.2f}" for r, m in zip(self.rows, self.ms))
+        return f"CostCurve({{{points}}} ms)"
+
+    @classmethod
+    def measure(cls, model, rows: Sequence[int] = MEASURE_ROWS, prefix: int = 256, repeats: int = 7,
+                cache: bool = True) -> "CostCurve":
+        """The curve of `model` here (step_cost.verify_cost: the loop's own verify + commit, after `prefix`
+        cached tokens, clipped to the model's context), read from the on-disk cache when this device + model +
+        dtype + prefix was measured before (cache=False: measure anew)."""
+        limit = getattr(model.config, "max_position_embeddings", None) or prefix + max(rows)
+        rows = [r for r in rows if r <= limit - 1] or [1]
+        prefix = max(1, min(prefix, limit - max(rows)))
+        key = dict(model_key(model), prefix=prefix)
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+        path = cost_cache_dir() / f"curve_{digest}.json"
+        if cache and digest in _MEMO and _MEMO[digest].key == key:
+            return _MEMO[digest]
+        if cache and path.exists():
+            data = json.loads(path.read_text())
+            if data.get("key") == key:
+                curve = _MEMO[digest] = cls(data["rows"], data["ms"], key)
+                curve.path = path
+                return curve
+        from .step_cost import verify_cost  # imported here: step_cost imports verify, which is heavier
+        table = verify_cost(model, rows, prefix=prefix, repeats=repeats, warmup=2)
+        curve = _MEMO[digest] = cls(table["rows"].tolist(), table["median_ms"].tolist(), key)  # made monotone
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(dict(key=key, prefix=prefix, rows=curve.rows.tolist(), ms=curve.ms.tolist())))
+        tmp.replace(path)  # atomic: a concurrent reader sees the whole file or none
+        curve.path = path
+        return curve
+
+    @property
+    def prefix(self) -> int | None:
+        """The cached tokens a measured curve was timed after (None: an injected curve)."""
+        return None if self.key is None else self.key.get("prefix")
+
+    def at(self, context: float) -> "CostCurve":
+        """The curve at a context length: one curve (an injected one) serves every context."""
+        return self
+
+
+class ContextCosts:
+    """t(rows, context): CostCurves measured after several cached-prefix lengths; `at(context)` is the curve at
+    a context: linear in the prefix between two measured ones and beyond the last (with the last two's slope,
+    never falling: a longer context never makes a row cheaper), the first curve below the first prefix."""
+
+    def __init__(self, curves: dict):
+        if not curves:
+            raise ValueError("need a curve at one prefix at least")
+        self.prefixes = sorted(int(p) for p in curves)
+        self.curves = [curves[p] for p in self.prefixes]
+        self._memo: dict[int, CostCurve] = {}
+
+    @classmethod
+    def measure(cls, model, upto: int = 0, prefixes: Sequence[int] = PREFIXES, **kwargs) -> "ContextCosts":
+        """The curves of `model` after each of `prefixes` up to `upto` (the longest context the generation
+        reaches; the first prefix always; beyond the last, `at` extrapolates), each CostCurve.measure (cached on
+        disk)."""
+        prefixes = sorted(prefixes)
+        wanted = [p for i, p in enumerate(prefixes) if i == 0 or p <= upto]
+        curves = {}
+        for p in wanted:
+            curve = CostCurve.measure(model, prefix=p, **kwargs)
+            curves.setdefault(curve.prefix, curve)  # prefixes clipped to the model's context are one curve
+        return cls(curves)
+
+    def at(self, context: float) -> CostCurve:
+        bucket = -(-int(context) // CONTEXT_STEP)  # rounded up: a step is never priced below its context
+        curve = self._memo.get(bucket)
+        if curve is None:
+            curve = self._memo[bucket] = self._interpolate(bucket * CONTEXT_STEP)
+        return curve
+
+    def _interpolate(self, context: int) -> CostCurve:
+        p = self.prefixes
+        if len(p) == 1 or context <= p[0]:
+            return self.curves[0]
+        i = min(bisect.bisect_right(p, context), len(p) - 1) - 1  # p[i] <= context < p[i + 1], or the last two
+        low, high = self.curves[i], self.curves[i + 1]
+        w = (context - p[i]) / (p[i + 1] - p[i])  # > 1 beyond the last prefix
+        rows = sorted(set(low._rows) | set(high._rows))
+        ms = [low(r) + w * max(0.0, high(r) - low(r)) for r in rows]
+        return CostCurve(rows, ms)
+
+    def __call__(self, rows: float, context: float = 0) -> float:
+        return self.at(context)(rows)
+
+    def __repr__(self) -> str:
+        return "ContextCosts(" + "; ".join(f"{p} cached: {c!r}" for p, c in zip(self.prefixes, self.curves)) + ")"
+
+
+def resolve_curve(costs, model, upto: int = 0):
+    """A method's `costs=` option: None (measure `model` here after each prefix up to the `upto` tokens the
+    generation reaches: a ContextCosts, cached), a CostCurve or a ContextCosts, or {rows: ms}."""
+    if costs is None:
+        return ContextCosts.measure(model, upto)
+    if isinstance(costs, (CostCurve, ContextCosts)):
+        return costs
+    if isinstance(costs, dict):
+        return CostCurve.from_points(costs)
+    raise TypeError(f"costs must be None (measure here), a CostCurve, a ContextCosts or {{rows: ms}}, got "
+                    f"{type(costs).__name__}")
+
+
+def reach(request) -> int:
+    """The longest context a request's generation reaches: its prompt and every new token."""
+    return request.prompt_length + request.max_new_tokens
+
+
+def prepare_costs(model, upto: int) -> None:
+    """Measure (or read) the curves a generation of up to `upto` tokens of context will choose from, before
+    anything is timed (a benchmark calls this, so no generation's time holds a measurement)."""
+    ContextCosts.measure(model, upto)
+
