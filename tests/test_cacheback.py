@@ -90,7 +90,8 @@ def test_repetitive_prompt_gets_long_acceptances(models):
     own = generate("hf", target, ids, 40).new_tokens
     ids = torch.cat([ids, torch.tensor([own])], dim=1)
     reference = generate("hf", target, ids, 40).new_tokens
-    result = _quiet("cacheback", target, ids, 40, debug=True)
+    # rows nearly free (an injected curve, not this machine's timing): the budget is not what is tested here
+    result = _quiet("cacheback", target, ids, 40, debug=True, costs={1: 10.0, 128: 10.5})
     assert result.new_tokens == reference
     assert result.mat > 3 and max(result.accept_lengths) >= 8
     assert result.stats["acceptance_rate"] > 0

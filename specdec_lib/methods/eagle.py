@@ -77,7 +77,8 @@ class Eagle(Proposer):
         self.device = next(req.target.parameters()).device
         self.cache, self.exact = DynamicCache(), 0  # the head's cache; rows 0..exact-1 hold true features
         self.pending: list[torch.Tensor] = []  # features (d,) of positions exact.. not yet fed to the head
-        self.budget.start(req, lambda curve: TreeBudget(curve, BUDGET_LADDER, context=len(state.committed)))
+        # never a plain step before any evidence (`first`): the chooser falls to 0 only after probe_every steps
+        self.budget.start(req, lambda curve: TreeBudget(curve, BUDGET_LADDER, context=len(state.committed), first=1))
         self.head_forwards = self.head_rows = 0
 
     def _head(self, feats: torch.Tensor, tokens: list[int], positions: list[int], sees: torch.Tensor):
