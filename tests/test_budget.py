@@ -252,6 +252,51 @@ def test_methods_decode_plainly_where_no_draft_pays_and_stay_lossless():
         assert all(g is not None and g > 0 for g in gains), gains
 
 
+def test_side_rows_stop_where_they_do_not_pay_and_are_probed_again():
+    """SideBudget: on while the steps with the side rows make more tokens per ms than the text's own guesses
+    would have; off after `warmup` steps of evidence that they do not; on again for `probe_len` steps every
+    `probe_every` off steps, judged on those (the old evidence decays meanwhile)."""
+    side = B.SideBudget(FLAT, probe_every=10, probe_len=3, warmup=4, decay=0.5)
+    pays = (3.0, 12.0, 1.0, 10.0)  # 0.25 tokens/ms with the rows, 0.1 without
+    loses = (1.0, 20.0, 1.0, 10.0)  # the rows cost 10 ms and yield nothing
+    for _ in range(6):
+        assert side.choose()
+        side.record(*pays)
+    assert side.gain == pytest.approx(2.5)
+    losing = 0
+    while side.choose():  # the first off step counts toward the probe
+        side.record(*loses)
+        losing += 1
+    assert losing == 2  # decay 0.5: two losing steps outweigh six paying ones
+    runs = [side.choose() for _ in range(9)]
+    assert runs == [False] * 8 + [True]  # the 10th off step is a probe
+    for _ in range(2):
+        side.record(*pays)
+        assert side.choose()  # the probe runs its 3 steps before judging
+    side.record(*pays)
+    assert side.choose() and side.stats()["side_on_steps"] == 6 + 2 + 4
+    side.record(*loses)  # judged on decayed sums: the paying probe still wins
+    assert side.choose()
+    assert B.text_tree_yield(DraftTree.chain(0, [5, 6]), [5, 6]) == 3.5  # censored: + half a token
+
+
+@pytest.mark.parametrize("method, knob", [("lookahead", "window"), ("fafo", "streams")])
+def test_side_rows_run_only_while_they_pay(method, knob):
+    """Lookahead's window and FAFO's streams, "auto", the text's n-grams left out of the pool (so a step without
+    the side rows is a plain step): with rows nearly free they run every step; when every row costs a whole
+    forward they stop after the warm-up and run only as probes; the tokens stay the target's."""
+    target = random_lm(seed=5, logit_scale=20.0)
+    ids = repeating_prompt(30, 5, target.config.vocab_size)
+    reference = generate("hf", target, ids, 96).new_tokens
+    on = {}
+    for name, curve in (("flat", FLAT), ("steep", STEEP)):
+        result = generate(method, target, ids, 96, costs=curve, from_text=False, debug=True)
+        assert result.new_tokens == reference, name
+        assert result.stats["config"][knob] == "auto"
+        on[name] = result.stats["side_on_steps"] / result.target_forwards
+    assert on["flat"] == 1.0 and on["steep"] < 0.6, on
+
+
 # ---------------------------------------------------------------- the cost at a context
 
 def test_context_costs_interpolate_in_the_prefix_and_never_fall():
@@ -337,7 +382,9 @@ def test_bad_settings():
     with pytest.raises(ValueError, match="crt"):
         generate("cacheback", random_lm(), repeating_prompt(12, 0), 4, tdl="auto", crt=200)
     with pytest.raises(ValueError, match="costs"):
-        generate("fafo", random_lm(), repeating_prompt(12, 0), 4, candidates=3, costs={1: 1.0})
+        generate("fafo", random_lm(), repeating_prompt(12, 0), 4, candidates=3, streams=4, costs={1: 1.0})
+    with pytest.raises(ValueError, match="costs"):
+        generate("lookahead", random_lm(), repeating_prompt(12, 0), 4, guesses=3, window=4, costs={1: 1.0})
     with pytest.raises(TypeError, match="auto"):
         generate("card", random_lm(), repeating_prompt(12, 0), 4, draft=random_lm(seed=1), query="long")
     with pytest.raises(ValueError, match="costs"):

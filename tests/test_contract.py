@@ -181,12 +181,15 @@ def test_sampling_checks_are_not_vacuous(peaked, method):
     # budgets that default to "auto" read a curve with rows nearly free (injected: this machine's timing must not
     # decide whether anything is drafted at all)
     flat = dict(costs={1: 1.0, 128: 1.05}) if method in AUTO_BY_DEFAULT else {}
+    if method == "draft_model":
+        flat["draft_costs"] = {1: 0.1, 128: 0.2}  # a draft forward a tenth of the target's
     accepted = sum(generate(method, target, ids, 3, draft=draft, temperature=1.0, seed=s, **flat).stats["accepted"]
                    for s in range(100))
     assert accepted > 30
 
 
-AUTO_BY_DEFAULT = {"cacheback", "fafo", "eagle"}  # their draft budget is "auto" unless set
+# their draft budget (and Lookahead's window, FAFO's streams) is "auto" unless set
+AUTO_BY_DEFAULT = {"cacheback", "fafo", "eagle", "prompt_lookup", "draft_model", "lookahead"}
 
 
 WRONG = {

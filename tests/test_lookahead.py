@@ -82,7 +82,8 @@ class _Verdict:
         self.side_logits = torch.zeros(len(preds), vocab)  # (W, V): the last level's rows (logits_rows)
         self.side_logits[torch.arange(len(preds)), torch.tensor(preds)] = 1.0
         self.emitted = list(emitted)
-        self.proposal = loop.Proposal(DraftTree(0))  # a step with no guesses: nothing for the chooser
+        # a step with no guesses (nothing for the chooser) whose window ran (its rows stand in for the W x levels)
+        self.proposal = loop.Proposal(DraftTree(0), side=loop.SideRows([0], [1], torch.ones(1, 1, dtype=torch.bool)))
 
 
 def _started(window, ngram, guesses, prompt=(1, 2, 3, 4)):
@@ -125,7 +126,7 @@ def test_accepts_guesses_on_repetitive_text_shipped_pair(tiny_pair):
     text = "def add(a, b):\n    return a + b\n\n" * 4 + "def sub(a, b):\n"
     ids = tiny_pair.encode(text)
     reference = generate("hf", tiny_pair.target, ids, 48).new_tokens
-    result = generate("lookahead", tiny_pair.target, ids, 48, debug=True)
+    result = generate("lookahead", tiny_pair.target, ids, 48, window=7, guesses=7, debug=True)
     assert result.new_tokens == reference
     assert result.mat > 1.2 and result.stats["accepted"] > 0
     steps = result.stats["steps"]
@@ -139,7 +140,7 @@ def test_drafts_from_the_window_on_generated_text():
     target = random_lm("llama", vocab=97, layers=2, seed=11, logit_scale=20.0)
     prompt = torch.randperm(97, generator=torch.Generator().manual_seed(5))[:16][None]
     out = generate("hf", target, prompt, 60).new_tokens
-    window_only = generate("lookahead", target, prompt, 60, from_text=False, debug=True)
+    window_only = generate("lookahead", target, prompt, 60, window=7, guesses=7, from_text=False, debug=True)
     assert window_only.new_tokens == out
     assert window_only.stats["window_ngrams"] > 0 and window_only.mat > 2.0
     small = generate("lookahead", target, prompt, 60, window=4, ngram=3, guesses=4, from_text=False)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specdec_lib import generate, loop
-from specdec_lib.methods.prompt_lookup import NgramIndex, continuation
+from specdec_lib.methods.prompt_lookup import AUTO_MAX_TOKENS, NgramIndex, continuation
 
 from helpers import SHIPPED_PROMPTS, autoregressive_samples, random_lm, repeating_prompt
 
@@ -26,7 +26,7 @@ def _looping_prompt(target, seed: int) -> torch.Tensor:
     return torch.cat([ids, torch.tensor([generate("hf", target, ids, 30).new_tokens])], dim=1)
 
 
-def _check_contract(result, n, num_tokens=10):
+def _check_contract(result, n, num_tokens=AUTO_MAX_TOKENS):
     steps = result.stats["steps"]
     assert len(result.new_tokens) == n
     assert sum(result.accept_lengths) == len(result.new_tokens)
@@ -86,13 +86,13 @@ def test_greedy_parity_random_float64(models, kind, seed):
         for config in CONFIGS:
             result = generate("prompt_lookup", target, ids, 40, debug=True, **config)
             assert result.new_tokens == reference, config
-            _check_contract(result, 40, config.get("num_tokens", 10))
+            _check_contract(result, 40, config.get("num_tokens", AUTO_MAX_TOKENS))
 
 
 def test_repetitive_prompt_gets_long_acceptances(models):
     target = models["llama", 0]
     ids = _looping_prompt(target, 0)
-    result = generate("prompt_lookup", target, ids, 40, debug=True)
+    result = generate("prompt_lookup", target, ids, 40, num_tokens=10, debug=True)
     assert result.new_tokens == generate("hf", target, ids, 40).new_tokens
     assert result.mat > 3 and max(result.accept_lengths) == 11  # 10 drafts + the bonus
     assert result.stats["acceptance_rate"] > 0.5
@@ -113,11 +113,11 @@ def test_shipped_pair_float64(tiny_pair64, tiny_pair):
 def test_eos_inside_an_accepted_run(models):
     target = models["qwen2", 1]
     ids = _looping_prompt(target, 1)
-    free = generate("prompt_lookup", target, ids, 40)
+    free = generate("prompt_lookup", target, ids, 40, num_tokens=10)
     bonus_at = {sum(free.accept_lengths[:i + 1]) - 1 for i in range(len(free.accept_lengths))}
     j = next(j for j in range(1, 40) if free.new_tokens.index(free.new_tokens[j]) == j and j not in bonus_at)
     eos = free.new_tokens[j]
-    result = generate("prompt_lookup", target, ids, 40, eos_token_id=eos, debug=True)
+    result = generate("prompt_lookup", target, ids, 40, num_tokens=10, eos_token_id=eos, debug=True)
     assert result.new_tokens == free.new_tokens[: j + 1] == generate("hf", target, ids, 40, eos_token_id=eos).new_tokens
     assert sum(result.accept_lengths) == j + 1
     # the run that reached the EOS was accepted as a draft; the chain stops at it (nothing after is proposed)

@@ -28,6 +28,8 @@ Two estimators of E[tokens | b]:
   yielded (`tree_yield`: the emitted path is fixed, so a tree that leaves it at position j yields j + 1),
   exactly, or as a lower bound when a larger tree holds the whole path; every `probe_every` steps the next
   larger candidate is verified instead (a deterministic probe, no coin).
+- `SideBudget` (rows that draft nothing themselves but feed a pool: Lookahead's window, FAFO's streams): on
+  or off, from what each step yields against what the text's own guesses would have yielded without them.
 - `Budget`: what a method holds (check, start, choose, record, stats, info): the int the user gave, honoured
   exactly, or "auto" and a chooser built at the generation's start; each step's choice and its expected gain
   over a plain step go into the step records ("draft_size", "expected_gain").
@@ -306,6 +308,80 @@ def tree_yield(tree, emitted: Sequence[int]) -> tuple[int, bool]:
         if not nodes:
             return n + 1, False
     return len(emitted) + 1, True
+
+
+class SideBudget:
+    """Whether a method's side rows pay for themselves: Lookahead's Jacobi window, FAFO's fumble streams. Those
+    rows emit nothing; they fill a pool whose guesses later steps verify, so a step cannot show what they
+    yield. What can be counted exactly is the step WITHOUT them: the tree the method would have verified from
+    the text's own n-grams alone (a pool fed only by the text, kept beside the real one) and what it would have
+    yielded on the emitted path (`tree_yield`, censored counts + half a token). With the side rows on, each step
+    records (tokens, ms) both ways, ms read off the cost curve at the step's context; they stay on while
+
+        decayed sum(tokens on) / sum(ms on)  >=  decayed sum(tokens off) / sum(ms off),
+
+    decided every step from the `warmup`-th on (the window fills its levels first). Once off, the side rows are
+    not run (a plain step, or text guesses only) and, every `probe_every` steps, switched on for `probe_len`
+    steps to look again; the sums decay on the off steps too, so a probe judges the text as it is now."""
+
+    def __init__(self, costs, context: int = 0, cheap_context: int | None = None, probe_every: int = 48,
+                 probe_len: int = 12, warmup: int = 12, decay: float = 0.97):
+        self.costs, self.curve = costs, costs.at(context)
+        self.cheap = None if cheap_context is None else costs.at(cheap_context)
+        self.probe_every, self.probe_len = check_int("probe_every", probe_every, 1), check_int("probe_len", probe_len, 1)
+        self.warmup, self.decay = warmup, decay
+        self.on, self.steps, self.off_run, self.probe_left = True, 0, 0, 0
+        self.sums = [0.0, 0.0, 0.0, 0.0]  # tokens on, ms on, tokens off, ms off
+        self.on_steps = 0  # steps run with the side rows
+
+    def choose(self, context: int | None = None) -> bool:
+        """Run the side rows this step? (the curve read at `context` tokens)."""
+        if context is not None:
+            self.curve = self.costs.at(context)
+        self.steps += 1
+        if not self.on:
+            self.sums = [self.decay * x for x in self.sums]
+            self.off_run += 1
+            if self.off_run % self.probe_every == 0:
+                self.on, self.probe_left = True, self.probe_len
+        self.on_steps += self.on
+        return self.on
+
+    def price(self, rows: int, cheap_rows: int = 0) -> float:
+        """ms of a step of `rows` full rows plus `cheap_rows` rows that read the compressed KV only."""
+        ms = self.curve(rows)
+        if cheap_rows:
+            ms += self.cheap(rows + cheap_rows) - self.cheap(rows)
+        return ms
+
+    def record(self, tokens: float, ms: float, plain_tokens: float, plain_ms: float) -> None:
+        """A step run with the side rows: its (tokens, ms), and the step without them, (plain_tokens, plain_ms)."""
+        self.sums = [self.decay * x for x in self.sums]
+        for i, x in enumerate((tokens, ms, plain_tokens, plain_ms)):
+            self.sums[i] += x
+        if self.probe_left:
+            self.probe_left -= 1
+            if self.probe_left:
+                return
+        if self.on_steps >= self.warmup:
+            self.on = self.sums[0] * self.sums[3] >= self.sums[2] * self.sums[1]
+            self.off_run = 0
+
+    @property
+    def gain(self) -> float | None:
+        """Tokens per ms with the side rows over without them (None before any step)."""
+        if not (self.sums[1] and self.sums[2] and self.sums[3]):
+            return None
+        return (self.sums[0] / self.sums[1]) / (self.sums[2] / self.sums[3])
+
+    def stats(self) -> dict:
+        return dict(side_on_steps=self.on_steps, side_gain=None if self.gain is None else round(self.gain, 3))
+
+
+def text_tree_yield(tree, emitted) -> float:
+    """What the side-row-free tree would have yielded (a censored count + half a token, TreeBudget's prior)."""
+    tokens, censored = tree_yield(tree, emitted)
+    return tokens + 0.5 * censored
 
 
 class Budget:

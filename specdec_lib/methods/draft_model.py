@@ -62,13 +62,14 @@ class DraftModel(Proposer):
     gamma: an int >= 1, or "auto" (from the measured costs; costs=/draft_costs= inject them). adaptive: HF's
     heuristic schedule."""
 
-    def __init__(self, gamma: int | str = 4, adaptive: bool = False, costs=None, draft_costs=None):
+    def __init__(self, gamma: int | str = "auto", adaptive: bool = False, costs=None, draft_costs=None):
         self.budget = Budget("gamma", gamma, 1, costs=costs, draft_costs=draft_costs)
         self.gamma = self.budget.value
         if not isinstance(adaptive, bool):
             raise TypeError(f"adaptive must be True or False, got {adaptive!r}")
         if adaptive and self.budget.auto:
-            raise ValueError("gamma='auto' and adaptive=True are two schedules for one gamma: pick one")
+            raise ValueError("gamma='auto' and adaptive=True are two schedules for one gamma: pick one (adaptive=True "
+                             "starts from an int gamma, e.g. gamma=4)")
         self.adaptive = adaptive
         self.config = dict(gamma=self.gamma, adaptive=adaptive)  # as set: the adaptive schedule moves self.gamma
 

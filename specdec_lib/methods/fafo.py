@@ -36,6 +36,13 @@ the cost curve. The number of streams stays fixed: a stream pays now (k fumble r
 for LATER steps, so what another stream count would have yielded cannot be read off one step, and n fixes the
 fumble rows' layout.
 
+`streams="auto"` (the default): AUTO_STREAMS streams that run only while they pay (budget.SideBudget, as
+Lookahead's window="auto"): a second pool fed by the text alone gives, every step, the find-out tree the method
+would have verified without the fumble rows and what it would have yielded on the emitted path; when the steps
+with the streams make fewer tokens per ms than that, the streams stop (they wait as they are: a step is the
+text's candidates only, or plain decoding when there are none or the budget picks 0) and are tried again every
+48 steps. With fused=False the fumble forward is priced as its cheap rows in the verifying forward.
+
 `from_text=True` (the default) also caches every k-token run of the prompt and of the emitted text under the k
 tokens before it, as our Lookahead's `from_text` (its reference's POOL_FROM_PROMPT) pools the text's n-grams: the
 pool holds what the text repeats beside what the streams guessed. The paper's pool is the streams' alone:
@@ -55,7 +62,8 @@ from collections import OrderedDict
 import torch
 
 from ..checks import check_int
-from ..mechanisms.budget import Budget, TreeBudget
+from ..mechanisms.budget import Budget, SideBudget, TreeBudget, is_auto, text_tree_yield
+from ..mechanisms.cost_curve import reach, resolve_curve
 from ..loop import LoopState, Proposal, Proposer, SideRows, register_proposer
 from ..mechanisms import flex_layout, verify
 from ..mechanisms.compression import Compression, Quest, StreamingLLM
@@ -63,6 +71,7 @@ from ..mechanisms.draft_tree import DraftTree
 
 
 NODE_LADDER = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # candidates="auto": find-out rows (<= streams x guess_len)
+AUTO_STREAMS = 10  # streams="auto": the paper's n, run only while the streams pay
 
 
 class FumblePool:
@@ -118,11 +127,15 @@ class FumblePool:
 class Fafo(Proposer):
     """FAFO: guess streams decoded on a compressed KV ride the verifying forward (draftless)."""
 
-    def __init__(self, streams: int = 10, guess_len: int = 6, compression="streaming", kv_budget: int = 128,
+    def __init__(self, streams: int | str = "auto", guess_len: int = 6, compression="streaming", kv_budget: int = 128,
                  sinks: int = 4, page: int = 16, block: int = flex_layout.BLOCK, attention: str = "auto",
                  fused: bool = True, seed: int = 0, candidates: int | str | None = "auto", costs=None,
                  from_text: bool = True):
-        check_int("streams", streams, 1)
+        self.streams_auto = is_auto(streams)
+        streams = AUTO_STREAMS if self.streams_auto else check_int("streams", streams, 1)
+        self.costs = costs
+        if costs is not None and self.streams_auto and not is_auto(candidates):
+            costs = None  # read by the streams' budget only
         self.budget = Budget("candidates", streams if candidates is None else candidates, 0, costs=costs)
         self.cap = self.budget.value
         check_int("guess_len", guess_len, 1)
@@ -165,8 +178,14 @@ class Fafo(Proposer):
             self.streams.append(window)
         self.discarded = [[] for _ in range(self.n)]  # per stream, its last k discarded tokens
         self.pool = FumblePool(self.n)
-        if self.from_text:
-            self.pool.add_text(prompt, self.k)
+        self.side = self.text_pool = None
+        if self.streams_auto:  # the pool without the streams' subsequences: what a step without them would find
+            costs = resolve_curve(self.costs, state.request.target, reach(state.request))
+            self.side = SideBudget(costs, context=len(prompt), cheap_context=self.compression.kv_budget)
+            self.text_pool = FumblePool(self.n)
+        for pool in (self.pool, self.text_pool) if self.from_text else ():
+            if pool is not None:
+                pool.add_text(prompt, self.k)
         self.found = self.proposed = self.fumble_forwards = 0
         self._previous = None
         most = self.n * self.k  # a trie of n candidates of k tokens holds at most n x k nodes
@@ -189,6 +208,10 @@ class Fafo(Proposer):
             state.request.target.set_attn_implementation(self._previous)
 
     def propose(self, state: LoopState, max_depth: int) -> Proposal:
+        streams = self.side is None or self.side.choose(len(state.committed))
+        chooser = self.budget.chooser
+        if chooser is not None:  # the fumble rows are paid only when the streams run
+            chooser.cheap_rows = self.n * self.k if streams else 0
         candidates = self.pool.lookup(state.committed, self.n, self.k) if max_depth > 0 else []
         extra, carry = {}, {}
         root, nodes, found = state.committed[-1], None, [sub for _, sub in candidates]
@@ -200,10 +223,16 @@ class Fafo(Proposer):
             candidates, found, extra = candidates[:self.cap], found[:self.cap], self.budget.info(self.cap)
         tree = DraftTree.trie(root, found, max_depth, nodes=nodes)
         self.proposed += bool(candidates)
-        tokens = [self.streams[i][j] for j in range(self.k) for i in range(self.n)]  # column-wise
         # match_len: the longest suffix of the committed text that keyed a candidate (0: none found)
         info = dict(candidates=len(candidates), match_len=max((m for m, _ in candidates), default=0),
                     pool=len(self.pool), **extra)
+        if not streams:
+            return Proposal(tree, info=info, carry=carry)
+        if self.side is not None:  # the step without the streams: the text's own candidates, as many rows
+            text = self.text_pool.lookup(state.committed, self.n, self.k) if max_depth > 0 else []
+            text = [sub for _, sub in text][:len(text) if self.budget.auto else self.cap]
+            carry["text_tree"] = DraftTree.trie(root, text, max_depth, nodes=nodes)
+        tokens = [self.streams[i][j] for j in range(self.k) for i in range(self.n)]  # column-wise
         if not self.fused:
             carry["predicted"] = self._fumble_pass(state, tokens)
             return Proposal(tree, info=info, carry=carry)
@@ -227,22 +256,33 @@ class Fafo(Proposer):
         self.found += bool(verdict.accepted)
         if self.from_text:  # the k-token runs the emitted tokens complete
             committed = state.committed
-            self.pool.add_text(committed, self.k, len(committed) - len(verdict.emitted) - self.k + 1)
+            for pool in (self.pool, self.text_pool):
+                if pool is not None:
+                    pool.add_text(committed, self.k, len(committed) - len(verdict.emitted) - self.k + 1)
         self.budget.record(verdict)
+        proposal = verdict.proposal
         if self.fused:
+            if proposal.side is None:  # the streams did not run: they wait as they are
+                return
             predicted = verdict.side_logits.argmax(-1).tolist()  # (n,): each stream's next token
         else:
-            predicted = verdict.proposal.carry["predicted"]
-            if predicted is None:
+            predicted = proposal.carry.get("predicted")
+            if predicted is None:  # the first step, or the streams did not run
                 return
+        if self.side is not None:
+            text_tree, rows = proposal.carry["text_tree"], 1 + len(proposal.tree)
+            self.side.record(len(verdict.emitted), self.side.price(rows, self.n * self.k),
+                             text_tree_yield(text_tree, verdict.emitted), self.side.price(1 + len(text_tree)))
         for i, token in enumerate(predicted):
             self.discarded[i] = (self.discarded[i] + [self.streams[i][0]])[-self.k:]
             self.streams[i] = self.streams[i][1:] + [token]
             self.pool.add(self.discarded[i], tuple(self.streams[i]))
 
     def stats(self) -> dict:
-        return dict(config=dict(streams=self.n, guess_len=self.k, compression=repr(self.compression),
+        return dict(config=dict(streams="auto" if self.streams_auto else self.n, guess_len=self.k,
+                                compression=repr(self.compression),
                                 block=self.block, fused=self.fused, candidates=self.cap,
                                 from_text=self.from_text), **self.budget.stats(),
+                    **(self.side.stats() if self.side is not None else {}),
                     pool_size=len(self.pool), steps_with_candidates=self.proposed,
                     steps_with_accepted_candidates=self.found, fumble_forwards=self.fumble_forwards)

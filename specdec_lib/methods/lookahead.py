@@ -2,8 +2,8 @@
 
 Fu, Bailis, Stoica, Zhang 2024, "Break the Sequential Dependency of LLM Inference Using Lookahead Decoding",
 §3 (§3.1 lookahead branch, §3.2 verification branch, §3.3 decode, predict and verify in the same step);
-reference: hao-ai-lab/LookaheadDecoding (lade/decoding.py, lade/models/llama.py). Defaults are Spec-Bench's:
-window W=7, ngram N=5, guesses G=7. One step (root = the last committed token, P = its position):
+reference: hao-ai-lab/LookaheadDecoding (lade/decoding.py, lade/models/llama.py). Spec-Bench runs it with
+window W=7, ngram N=5, guesses G=7; our defaults are N=5 and W, G "auto" (below; window=7, guesses=7 is Spec-Bench's). One step (root = the last committed token, P = its position):
     guesses:   up to G (N-1)-grams from the pool under the root, hung under the root as a DraftTree (a trie:
                shared prefixes merged); the loop's walk verifies them, so greedy and sampling stay lossless
                (the guesses are a deterministic function of the history);
@@ -33,8 +33,13 @@ Choices and simplifications (say them when comparing with the paper):
 - guesses="auto" (mechanisms/budget.py): the pool keeps 14 n-grams per key and each step proposes the
   first g of them, g from GUESS_LADDER maximising expected tokens / t(1 + guess nodes + window rows) with t the
   target's cost curve measured here (cached; `costs=` injects one); the trees of the neighbouring g's are rebuilt
-  to learn their yields from the emitted path, and every 16th step probes the next larger g. W and N stay fixed (the
-  window's shape is its state);
+  to learn their yields from the emitted path, and every 16th step probes the next larger g;
+- window="auto": a window of AUTO_WINDOW columns that runs only while it pays (budget.SideBudget): a second
+  pool fed by the text alone gives, every step, the tree the method would have verified without the window and
+  what it would have yielded; when the window's steps make fewer tokens per ms than that, the window stops
+  (its levels wait as they are) and is tried again every 48 steps. With guesses at 0 too, a step is plain
+  decoding. N stays fixed, and a narrower window is not a candidate (its counterfactual would need a pool per
+  width); the window's shape is its state;
 - the reference's EOS filter of the window (replace EOS by prompt tokens) is not done: an EOS in the window is
   only a guess here; batch size 1.
 """
@@ -46,10 +51,12 @@ import torch
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, SideRows, register_proposer
-from ..mechanisms.budget import Budget, TreeBudget
+from ..mechanisms.budget import Budget, SideBudget, TreeBudget, is_auto, text_tree_yield
+from ..mechanisms.cost_curve import reach, resolve_curve
 from ..mechanisms.draft_tree import DraftTree
 
 GUESS_LADDER = (0, 1, 2, 3, 4, 5, 7, 10, 14)  # guesses="auto" picks among these (the pool keeps the largest)
+AUTO_WINDOW = 7  # window="auto": this many columns, run only while they pay
 
 
 def window_sees(levels: int, columns: int) -> torch.Tensor:
@@ -94,14 +101,20 @@ class NgramPool:
 class Lookahead(Proposer):
     """Lookahead decoding (Jacobi window rows + n-gram pool guesses in one forward, tree-verified; Fu et al. 2024).
 
-    window W: columns of the Jacobi window; ngram N: n-gram size (N-1 window levels, guesses of N-1 tokens);
-    guesses G: n-grams kept per key (and proposed per step), or "auto" (from the cost curve); from_text: pool the
-    text's n-grams too; seed: the
-    window's initial draw from the prompt."""
+    window W: columns of the Jacobi window, or "auto" (AUTO_WINDOW columns run only while they pay); ngram N:
+    n-gram size (N-1 window levels, guesses of N-1 tokens); guesses G: n-grams kept per key (and proposed per
+    step), or "auto" (from the cost curve); from_text: pool the text's n-grams too; seed: the window's initial
+    draw from the prompt; costs: the cost curve the "auto" knobs read (measured here if None)."""
 
-    def __init__(self, window: int = 7, ngram: int = 5, guesses: int | str = 7, from_text: bool = True,
-                 seed: int = 0, costs=None):
-        self.W, self.N = check_int("window", window, 1), check_int("ngram", ngram, 2)
+    def __init__(self, window: int | str = "auto", ngram: int = 5, guesses: int | str = "auto",
+                 from_text: bool = True, seed: int = 0, costs=None):
+        self.window_auto = is_auto(window)
+        self.W = AUTO_WINDOW if self.window_auto else check_int("window", window, 1)
+        self.N = check_int("ngram", ngram, 2)
+        if costs is not None and self.window_auto and not is_auto(guesses):
+            costs, self.costs = None, costs  # read by the window's budget only
+        else:
+            self.costs = costs
         self.budget = Budget("guesses", guesses, 0, costs=costs)
         self.G = self.budget.value
         if not isinstance(from_text, bool):
@@ -115,35 +128,61 @@ class Lookahead(Proposer):
         self.levels = [[rng.choice(prompt) for _ in range(self.W + self.N - 2)]]
         self.budget.start(state.request, lambda curve: TreeBudget(curve, GUESS_LADDER, context=len(prompt)))
         # the pool keeps the most the ladder may propose; the chooser picks how many
-        self.pool = NgramPool(GUESS_LADDER[-1] if self.budget.auto else self.G)
-        if self.from_text:
-            self.pool.add_text(prompt, self.N)
+        cap = GUESS_LADDER[-1] if self.budget.auto else self.G
+        self.pool = NgramPool(cap)
+        self.side = self.text_pool = None
+        if self.window_auto:  # the pool without the window's n-grams: what a step without it would guess
+            costs = resolve_curve(self.costs, state.request.target, reach(state.request))
+            self.side, self.text_pool = SideBudget(costs, context=len(prompt)), NgramPool(cap)
+        for pool in (self.pool, self.text_pool) if self.from_text else ():
+            if pool is not None:
+                pool.add_text(prompt, self.N)
         self.window_grams = self.guesses_proposed = 0
 
     def propose(self, state: LoopState, max_depth: int) -> Proposal:
         root = state.committed[-1]
         length = min(self.N - 1, max_depth)  # deeper guess tokens could not be emitted
+        window = self.side is None or self.side.choose(len(state.committed))
         guesses = self.pool.get(root) if length > 0 else []
         levels, cols = len(self.levels), len(self.levels[0])
-        info, carry = {}, {}
+        window_rows = levels * cols if window else 0
+        info, carry, g = {}, {}, None
         if guesses:  # no guesses: nothing to choose (or learn)
             g = self.budget.choose(len(state.committed))
             found = guesses  # the window rows are paid whatever g is
-            carry = self.budget.carry(lambda other: DraftTree.trie(root, found[:other], length), levels * cols)
+            carry = self.budget.carry(lambda other: DraftTree.trie(root, found[:other], length), window_rows)
             info, guesses = self.budget.info(g), guesses[:g]
         tree = DraftTree.trie(root, guesses, length)
+        self.guesses_proposed += len(guesses)
+        info = dict(guesses=len(guesses), levels=levels if window else 0, pool=self.pool.size, **info)
+        if not window:
+            return Proposal(tree, info=info, carry=carry)
+        if self.side is not None:  # the step without the window: the text's own guesses, as many
+            text = self.text_pool.get(root)[:len(guesses) if g is None else g] if length > 0 else []
+            carry["text_tree"] = DraftTree.trie(root, text, length)
         tokens = [t for level in self.levels for t in level]  # level-major, levels * cols
         depths = [1 + i + j for i in range(levels) for j in range(cols)]  # level i, column j at root + 1 + i + j
         last = list(range((levels - 1) * cols, levels * cols))  # only the newest level's predictions are read
         side = SideRows(tokens, depths, window_sees(levels, cols), logits_rows=last)
-        self.guesses_proposed += len(guesses)
-        return Proposal(tree, side=side, info=dict(guesses=len(guesses), levels=levels, pool=self.pool.size, **info),
-                        carry=carry)
+        return Proposal(tree, side=side, info=info, carry=carry)
 
     def observe(self, state: LoopState, verdict) -> None:
-        proposal = verdict.proposal
         self.budget.record(verdict)
-        levels, cols = len(self.levels), len(self.levels[0])
+        if verdict.proposal.side is not None:  # else the window did not run: its levels wait as they are
+            self._shift_window(verdict)
+        if self.from_text:  # the n-grams the emitted tokens complete
+            n_new, committed = len(verdict.emitted), state.committed
+            for pool in (self.pool, self.text_pool):
+                if pool is not None:
+                    pool.add_text(committed, self.N, max(0, len(committed) - n_new - self.N + 1))
+
+    def _shift_window(self, verdict) -> None:
+        """The window's step: pool its n-grams, shift its levels, and tell the window's budget what it cost."""
+        proposal, levels, cols = verdict.proposal, len(self.levels), len(self.levels[0])
+        if self.side is not None:
+            text_tree = proposal.carry["text_tree"]
+            self.side.record(len(verdict.emitted), self.side.price(1 + len(proposal.tree) + levels * cols),
+                             text_tree_yield(text_tree, verdict.emitted), self.side.price(1 + len(text_tree)))
         # side_logits (cols, V): the last level's rows (logits_rows); argmax even when sampling: the window only
         # generates guesses
         preds = verdict.side_logits.argmax(dim=-1).tolist()
@@ -155,12 +194,10 @@ class Lookahead(Proposer):
                 self.pool.add(gram[0], tuple(gram[1:]))
             self.window_grams += cols
             self.levels = self.levels[1:] + [preds]  # drop level 0; the predictions are the new last level
-        if self.from_text:  # the n-grams the emitted tokens complete
-            n_new, committed = len(verdict.emitted), state.committed
-            self.pool.add_text(committed, self.N, max(0, len(committed) - n_new - self.N + 1))
 
     def stats(self) -> dict:
-        return dict(config=dict(window=self.W, ngram=self.N, guesses=self.G, from_text=self.from_text,
-                                seed=self.seed), **self.budget.stats(),
+        return dict(config=dict(window="auto" if self.window_auto else self.W, ngram=self.N, guesses=self.G,
+                                from_text=self.from_text, seed=self.seed), **self.budget.stats(),
+                    **(self.side.stats() if self.side is not None else {}),
                     pool_keys=len(self.pool.grams), pool_ngrams=self.pool.size, window_ngrams=self.window_grams,
                     guesses_proposed=self.guesses_proposed)

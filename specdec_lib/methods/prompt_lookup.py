@@ -14,7 +14,7 @@ original and HF both take the earliest (left-to-right scan), and both cut the co
 We take the latest because recent text predicts better (Cacheback's MRU reasoning), and a latest match near
 the end is copied with overlap, like LZ77: a continuation that runs past the end goes on with the copy
 itself (text repeating with period p keeps repeating), so it still proposes num_tokens tokens.
-Defaults: max_ngram=3 and num_tokens=10 (the original's; HF's max n is 2).
+Defaults: max_ngram=3 (the original's; HF's max n is 2) and num_tokens="auto" (the original fixes 10).
 
 Lookup cost: an index {n-gram: position} per n, extended with the new tokens after each step, so a step
 costs O(new tokens * max_ngram), not a scan of the whole text (the original and HF scan with unfold).
@@ -84,7 +84,7 @@ AUTO_MAX_TOKENS = 32  # num_tokens="auto" picks 1..32 tokens per step
 class PromptLookup(Proposer):
     """Prompt lookup decoding (our own: latest n-gram match, chain verified as a tree, KV compaction)."""
 
-    def __init__(self, num_tokens: int | str = 10, max_ngram: int = 3, min_ngram: int = 1, match: str = "recent",
+    def __init__(self, num_tokens: int | str = "auto", max_ngram: int = 3, min_ngram: int = 1, match: str = "recent",
                  costs=None):
         self.budget = Budget("num_tokens", num_tokens, 1, costs=costs)
         self.num_tokens = self.budget.value
