@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from specdec_lib import load_models
@@ -74,6 +75,18 @@ def test_run_bench_tiny_is_lossless_and_consistent(pair):
     assert table.loc["hf_assisted", "mat"] >= 1.0 and table.loc["hf_prompt_lookup", "mat"] >= 1.0
     assert table.loc["autoregressive", "target_forwards"] == 16
     assert (table.tokens_per_s > 0).all()
+    assert table.loc["autoregressive", "vs_autoregressive"] == 1.0  # the "never slower" column's reference
+    assert table.loc["autoregressive", "plain_share"] == 1.0  # the loop with no draft: every step plain
+
+
+def test_run_bench_records_what_the_budgets_chose(pair):
+    runs = run_bench(pair, "code", ["autoregressive", "cacheback@tdl=8+crt=2", "lookahead", "fafo@streams=4"],
+                     max_new_tokens=16, repeats=1, limit=1, warmup=0, progress=False)
+    row = runs.set_index("method")
+    assert row.loc["cacheback@tdl=8+crt=2", "mean_draft_size"] == 8  # a fixed TDL: every step's draft size
+    assert 0 < row.loc["lookahead", "side_share"] <= 1  # window="auto": the share of steps it ran
+    assert pd.isna(row.loc["fafo@streams=4", "side_share"])  # fixed streams: always on, nothing chosen
+    assert row.loc["autoregressive", "plain_share"] == 1.0 and pd.isna(row.loc["autoregressive", "mean_draft_size"])
 
 
 def test_run_bench_adds_hf_and_rotates_the_order(pair):

@@ -21,7 +21,10 @@ Protocol (the one of Spec-Bench, Xia et al. 2024, at batch size 1):
   `decode_tokens_per_s` (the tokens after that forward's over the time after it, per-prompt medians summed),
   each against hf's (`prefill_vs_hf`, `decode_speedup`): at long context the prefill dominates short runs.
   Methods that report them add `hit_rate` (card's cache hits) and `overlap` (card's concurrent modes: the
-  fraction of wall time drafter and target both computed, bench/timeline.py), averaged over runs.
+  fraction of wall time drafter and target both computed, bench/timeline.py), averaged over runs. What the
+  budgets chose: `mean_draft_size` (over the steps that record one), `plain_share` (steps that verified no
+  draft) and `side_share` (steps Lookahead's window or FAFO's streams ran, when "auto"); and, with
+  "autoregressive" in the run, `vs_autoregressive` (tokens/s over the loop's own plain decoding: "never slower").
 
 Suites: "code" and "editing" are the project's own (data/prompts/, written by `specdec_lib.tools.make_prompts`);
 "humaneval" is OpenAI's HumanEval (164 function signatures with docstrings: complete the body), read offline from
@@ -194,7 +197,7 @@ def run_bench(pair, suite, methods, max_new_tokens: int = 128, repeats: int = 3,
                                  draft_forwards=result.stats.get("draft_forwards"),
                                  hit_rate=result.stats.get("hit_rate"), overlap=_overlap(result),
                                  rows_per_step=(sum(s["tree_size"] + 1 for s in steps) / len(steps)
-                                                if steps else None)))
+                                                if steps else None), **_choices(result, steps)))
                 bar.update()
                 if callback is not None:
                     callback(len(rows), len(prompts) * repeats * len(methods))
@@ -207,6 +210,17 @@ def run_bench(pair, suite, methods, max_new_tokens: int = 128, repeats: int = 3,
                 row["matches_hf"] = None  # sampling: equal tokens are not expected
     bar.close()
     return pd.DataFrame(rows)
+
+
+def _choices(result, steps) -> dict:
+    """What a method's budgets chose over a generation: the mean draft size of its steps with one, the share of
+    steps that verified no draft (plain steps), and the share of steps its side rows ran (Lookahead's window,
+    FAFO's streams, when "auto"); None where it has none."""
+    sizes = [s["draft_size"] for s in steps if s.get("draft_size") is not None]
+    side = result.stats.get("side_on_steps")
+    return dict(mean_draft_size=sum(sizes) / len(sizes) if sizes else None,
+                plain_share=sum(s["tree_size"] == 0 for s in steps) / len(steps) if steps else None,
+                side_share=side / len(steps) if side is not None and steps else None)
 
 
 def _overlap(result) -> float | None:
@@ -239,10 +253,14 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
                          **(dict(prefill_ms=1e3 * group.prefill_seconds.mean(),
                                  decode_tokens_per_s=(group.new_tokens - group.prefill_tokens).sum()
                                  / (group.wall_seconds - group.prefill_seconds).sum()) if timed else {}),
-                         **{key: mine[key].mean() for key in ("hit_rate", "overlap") if key in mine}))
+                         **{key: mine[key].mean() for key in ("hit_rate", "overlap", "mean_draft_size",
+                                                               "plain_share", "side_share") if key in mine}))
     table = pd.DataFrame(rows).dropna(axis=1, how="all")  # hit_rate / overlap only when a method has them
     hf = table.loc[table.method == "hf", "tokens_per_s"]
     table.insert(3, "speedup", table.tokens_per_s / hf.iloc[0] if len(hf) else math.nan)
+    loop = table.loc[table.method == "autoregressive", "tokens_per_s"]  # the loop with no draft ("never slower")
+    if len(loop):
+        table.insert(4, "vs_autoregressive", table.tokens_per_s / loop.iloc[0])
     if timed:  # the two phases against hf's: decode speedup, and prefill time as a multiple of hf's
         hf_row = table[table.method == "hf"]
         table["decode_speedup"] = (table.decode_tokens_per_s / hf_row.decode_tokens_per_s.iloc[0] if len(hf_row)
