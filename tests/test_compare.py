@@ -125,3 +125,33 @@ def test_radar_and_cost_per_token_figures_carry_the_data(tiny_pair, runs):
     assert box.state["label"] == "prompt_lookup" and len(box.state["figures"][0].data[0].y) == len(steps)
     with pytest.raises(ValueError, match="step records"):
         viz.why_explorer({"hf": results["hf"]})
+
+
+def test_never_slower_is_each_method_over_autoregressive_of_its_own_setting(tmp_path):
+    def summary(loop, others):
+        rows = [dict(method="hf", tokens_per_s=50.0, decode_tokens_per_s=55.0, mat=1.0),
+                dict(method="autoregressive", tokens_per_s=loop, decode_tokens_per_s=loop + 10, mat=1.0)]
+        return pd.DataFrame(rows + [dict(method=m, tokens_per_s=t, decode_tokens_per_s=t + 10, mat=2.0,
+                                         plain_share=0.25) for m, t in others.items()])
+
+    table = compare.never_slower({"tiny": summary(100.0, {"lookahead": 95.0, "fafo": 150.0}),
+                                  "smol": summary(20.0, {"lookahead": 30.0})})
+    assert list(table.setting) == ["tiny", "tiny", "tiny", "smol", "smol"] and "hf" not in set(table.method)
+    ratio = table.set_index(["setting", "method"]).vs_autoregressive
+    assert ratio["tiny", "autoregressive"] == 1.0 and ratio["tiny", "lookahead"] == 0.95
+    assert ratio["smol", "lookahead"] == 1.5  # over its own setting's autoregressive, not another's
+    decode = table.set_index(["setting", "method"]).decode_vs_autoregressive
+    assert decode["tiny", "fafo"] == pytest.approx(160 / 110)
+    with pytest.raises(ValueError, match="autoregressive"):
+        compare.never_slower({"x": summary(1.0, {}).query("method != 'autoregressive'")})
+    fig = viz.never_slower_figure(table)
+    assert [trace.name for trace in fig.data] == ["tiny", "smol"]
+    assert list(fig.data[0].x) == ["lookahead", "fafo"] and list(fig.data[1].y) == [1.5, None]  # fafo not run there
+    # a saved run reads back as it was written: the harness's JSON and bench.long_context's CSV
+    (tmp_path / "bench_code_cpu_x.json").write_text(json.dumps(dict(
+        meta=dict(suite="code", machine=dict(device="cpu")), summary=summary(10.0, {}).to_dict("records"))))
+    summary(10.0, {}).assign(device="CPU test").to_csv(tmp_path / "long_context_x.csv", index=False)
+    loaded, meta = compare.load_summary(tmp_path / "bench_code_cpu_x.json")
+    assert meta["suite"] == "code" and list(loaded.method) == ["hf", "autoregressive"]
+    loaded, meta = compare.load_summary(tmp_path / "long_context_x.csv")
+    assert meta["device"] == "CPU test" and loaded.tokens_per_s.tolist() == [50.0, 10.0]

@@ -183,6 +183,8 @@ def test_sampling_checks_are_not_vacuous(peaked, method):
     flat = dict(costs={1: 1.0, 128: 1.05}) if method in AUTO_BY_DEFAULT else {}
     if method == "draft_model":
         flat["draft_costs"] = {1: 0.1, 128: 0.2}  # a draft forward a tenth of the target's
+    if method == "eagle":
+        flat["head_ms"] = 0.1  # a head forward a tenth of a step
     accepted = sum(generate(method, target, ids, 3, draft=draft, temperature=1.0, seed=s, **flat).stats["accepted"]
                    for s in range(100))
     assert accepted > 30

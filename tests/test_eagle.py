@@ -49,6 +49,10 @@ def test_bad_settings_are_refused():
         Eagle(budget=0)
     with pytest.raises(TypeError, match="EagleHead"):
         Eagle(head="data/models/eagle-tiny")
+    with pytest.raises(ValueError, match="head_ms"):
+        Eagle(head_ms=-1.0)
+    with pytest.raises(ValueError, match="head_ms"):
+        Eagle(budget=4, head_ms=1.0)  # read only under "auto"
     wide, narrow = random_lm("llama", hidden=64, seed=1), random_lm("llama", seed=1)
     with pytest.raises(ValueError, match="width"):
         generate("eagle", narrow, repeating_prompt(12, 0), 8, head=EagleHead.for_target(wide))
@@ -104,3 +108,19 @@ def test_training_lowers_the_loss_and_raises_agreement():
     assert train_eagle.agreement(head, target, data) > before + 0.2
     chain = train_eagle.chain_acceptance(head, target, data, depth=3, prefixes=16)
     assert len(chain) == 3 and 0.0 <= chain[0] <= 1.0
+
+
+def test_the_heads_time_is_priced(tiny_pair64, tiny_pair):
+    """The same rows nearly free, the head free or a hundred steps per forward: a dear head drafts smaller trees
+    (the plain step after the first probe_every steps); the tokens stay the target's either way."""
+    target = tiny_pair64[0]
+    ids = tiny_pair.encode(SHIPPED_PROMPTS[0])
+    reference = generate("hf", target, ids, 48).new_tokens
+    flat = {1: 1.0, 128: 1.05}
+    free = generate("eagle", target, ids, 48, costs=flat, head_ms=0.0, debug=True)
+    dear = generate("eagle", target, ids, 48, costs=flat, head_ms=100.0, debug=True)
+    assert free.new_tokens == dear.new_tokens == reference
+    sizes = {name: [s["draft_size"] for s in r.stats["steps"] if "draft_size" in s] for name, r in
+             (("free", free), ("dear", dear))}
+    assert sum(sizes["dear"]) < sum(sizes["free"]) and 0 in sizes["dear"], sizes
+    assert dear.stats["head_ms"] == 100.0  # what one head forward was priced at

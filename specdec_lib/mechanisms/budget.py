@@ -328,7 +328,8 @@ class SideBudget:
                  probe_len: int = 12, warmup: int = 12, decay: float = 0.97):
         self.costs, self.curve = costs, costs.at(context)
         self.cheap = None if cheap_context is None else costs.at(cheap_context)
-        self.probe_every, self.probe_len = check_int("probe_every", probe_every, 1), check_int("probe_len", probe_len, 1)
+        self.probe_every = check_int("probe_every", probe_every, 1)
+        self.probe_len = check_int("probe_len", probe_len, 1)
         self.warmup, self.decay = warmup, decay
         self.on, self.steps, self.off_run, self.probe_left = True, 0, 0, 0
         self.sums = [0.0, 0.0, 0.0, 0.0]  # tokens on, ms on, tokens off, ms off

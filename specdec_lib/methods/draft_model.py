@@ -31,7 +31,8 @@ emits every token with probability exactly p (Leviathan et al., Appendix A.1): t
 against an exact enumeration, with a negative control.
 
 Draft budget from this machine (mechanisms/budget.py): gamma="auto" picks, each step, the gamma in
-0..16 (0: a plain step, where no draft pays; a draft is probed again every 16 such steps) maximising E[tokens | gamma] / (gamma x t_draft(1) + t_target(gamma + 1)), E from the per-depth acceptance
+0..16 (0: a plain step, where no draft pays; a draft is probed again every 16 such steps) maximising
+E[tokens | gamma] / (gamma x t_draft(1) + t_target(gamma + 1)), E from the per-depth acceptance
 counted online, t_draft and t_target the two models' forward costs measured here once (cached per device +
 model + dtype; `costs=` / `draft_costs=` inject them). adaptive=True is HF's heuristic instead (+2 after a full
 acceptance, -1 otherwise, blind to costs); the two exclude each other.

@@ -30,14 +30,20 @@ TreeBudget (mechanisms/budget.py) from the ladder BUDGET_LADDER; the same ranked
 budget would have yielded (its top b), so the counterfactuals cost nothing. Budget 0 is a plain step (no head
 forward), taken where no tree pays.
 
-Simplifications: the head's draft time is not priced by the budget chooser (it depends on topk and depth, not on
-the budget); the head reads normed features (eagle_head.py); sampling verifies the greedy top-k tree by the walk,
+The head's time is priced too: one head forward (a row, and the target's LM head over its prediction) is timed
+here once per head and target (`head_ms=` injects it), and a budget b pays min(depth, b') of them, b' the next
+rung above b (the chooser also drafts that one, to learn its yield; a tree of b' nodes spans at most b' depths:
+the catch-up forward drafts depth 1, each further depth one forward).
+
+Simplifications: the head's price is an upper bound (a bushy tree spans fewer depths, and an unsure head stops
+early); the head reads normed features (eagle_head.py); sampling verifies the greedy top-k tree by the walk,
 not with EAGLE's recursive rejection sampling (lossless, a little lower acceptance); batch size 1.
 """
 from __future__ import annotations
 
+import time
+
 import torch
-from transformers import DynamicCache
 
 from .. import compat
 from ..checks import check_int
@@ -47,6 +53,36 @@ from ..mechanisms.budget import Budget, TreeBudget
 from ..mechanisms.draft_tree import ROOT, DraftTree
 
 BUDGET_LADDER = (0, 1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # budget="auto" picks among these
+_HEAD_MS: dict[tuple, float] = {}  # one head forward's ms, timed once per (head, target) in this process
+
+
+def head_forward_ms(head: EagleHead, target, prefix: int = 64, repeats: int = 7) -> float:
+    """Median ms of one 1-row head forward after `prefix` cached rows, with the target's LM head over its
+    prediction (what each drafted depth costs); timed once per (head, target) in this process."""
+    key = (id(head), id(target))
+    if key not in _HEAD_MS:
+        device = next(target.parameters()).device
+        d, dtype = head.config.hidden_size, target.get_input_embeddings().weight.dtype
+        embed = target.get_input_embeddings()
+        cache = compat.new_dynamic_cache(head.config)
+        times = []
+        with torch.inference_mode():
+            ids = torch.zeros(1, prefix + 1, dtype=torch.long, device=device)
+            feats = torch.zeros(1, prefix + 1, d, dtype=dtype, device=device)  # (1, P + 1, d)
+            pos = torch.arange(prefix + 1, device=device)[None]  # (1, P + 1)
+            causal = torch.ones(prefix, prefix, dtype=torch.bool, device=device).tril()[None, None]
+            head(feats[:, :prefix], embed(ids[:, :prefix]), pos[:, :prefix], causal, cache)
+            one = torch.ones(1, 1, 1, prefix + 1, dtype=torch.bool, device=device)  # (1, 1, 1, P + 1)
+            for _ in range(repeats):
+                start = time.perf_counter()
+                out = head(feats[:, prefix:], embed(ids[:, prefix:]), pos[:, prefix:], one, cache)
+                head.logits(target, out[0])[0].float().log_softmax(-1).topk(8)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                times.append(1e3 * (time.perf_counter() - start))
+                compat.crop(cache, prefix)
+        _HEAD_MS[key] = float(sorted(times)[len(times) // 2])
+    return _HEAD_MS[key]
 
 
 @register_proposer("eagle")
@@ -55,11 +91,16 @@ class Eagle(Proposer):
 
     budget: tree nodes verified per step (an int, or "auto" from the cost curve); topk: children per expanded
     node and nodes expanded per depth; depth: draft depth; head: an EagleHead (default: the one trained for the
-    target, eagle_head.head_for)."""
+    target, eagle_head.head_for); costs, head_ms: the target's cost curve and one head forward's ms, read under
+    "auto" (None: measured here)."""
 
     def __init__(self, budget: int | str = "auto", topk: int = 8, depth: int = 6, head: EagleHead | None = None,
-                 costs=None):
-        self.budget = Budget("budget", budget, 1, costs=costs)
+                 costs=None, head_ms: float | None = None):
+        self.budget = Budget("budget", budget, 1, costs=costs, head_ms=head_ms)
+        if head_ms is not None and (isinstance(head_ms, bool) or not isinstance(head_ms, (int, float))
+                                    or head_ms < 0):
+            raise ValueError(f"head_ms must be a number of ms >= 0, got {head_ms!r}")
+        self.head_ms = head_ms
         self.topk, self.depth = check_int("topk", topk, 1), check_int("depth", depth, 1)
         if head is not None and not isinstance(head, EagleHead):
             raise TypeError(f"head must be an EagleHead, got {type(head).__name__}")
@@ -75,10 +116,17 @@ class Eagle(Proposer):
         self.h = head
         self.embed = req.target.get_input_embeddings()
         self.device = next(req.target.parameters()).device
-        self.cache, self.exact = DynamicCache(), 0  # the head's cache; rows 0..exact-1 hold true features
+        # the head's cache; rows 0..exact-1 hold true features
+        self.cache, self.exact = compat.new_dynamic_cache(head.config), 0
         self.pending: list[torch.Tensor] = []  # features (d,) of positions exact.. not yet fed to the head
         # never a plain step before any evidence (`first`): the chooser falls to 0 only after probe_every steps
-        self.budget.start(req, lambda curve: TreeBudget(curve, BUDGET_LADDER, context=len(state.committed), first=1))
+        draft_ms = self.head_price = None
+        if self.budget.auto:  # a budget b pays the head forwards of the next rung above it (the module doc)
+            ms = self.head_price = self.head_ms if self.head_ms is not None else head_forward_ms(head, req.target)
+            above = {b: BUDGET_LADDER[min(i + 1, len(BUDGET_LADDER) - 1)] for i, b in enumerate(BUDGET_LADDER)}
+            draft_ms = lambda b: ms * min(self.depth, above[b]) if b else 0.0  # noqa: E731
+        self.budget.start(req, lambda curve: TreeBudget(curve, BUDGET_LADDER, context=len(state.committed), first=1,
+                                                        draft_ms=draft_ms))
         self.head_forwards = self.head_rows = 0
 
     def _head(self, feats: torch.Tensor, tokens: list[int], positions: list[int], sees: torch.Tensor):
@@ -191,4 +239,5 @@ class Eagle(Proposer):
 
     def stats(self) -> dict:
         return dict(config=dict(budget=self.budget.value, topk=self.topk, depth=self.depth), **self.budget.stats(),
+                    **({"head_ms": round(self.head_price, 3)} if self.head_price is not None else {}),
                     head_forwards=self.head_forwards, head_rows=self.head_rows)

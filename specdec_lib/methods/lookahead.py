@@ -3,7 +3,8 @@
 Fu, Bailis, Stoica, Zhang 2024, "Break the Sequential Dependency of LLM Inference Using Lookahead Decoding",
 §3 (§3.1 lookahead branch, §3.2 verification branch, §3.3 decode, predict and verify in the same step);
 reference: hao-ai-lab/LookaheadDecoding (lade/decoding.py, lade/models/llama.py). Spec-Bench runs it with
-window W=7, ngram N=5, guesses G=7; our defaults are N=5 and W, G "auto" (below; window=7, guesses=7 is Spec-Bench's). One step (root = the last committed token, P = its position):
+window W=7, ngram N=5, guesses G=7; our defaults are N=5 and W, G "auto" (below; window=7, guesses=7 is
+Spec-Bench's). One step (root = the last committed token, P = its position):
     guesses:   up to G (N-1)-grams from the pool under the root, hung under the root as a DraftTree (a trie:
                shared prefixes merged); the loop's walk verifies them, so greedy and sampling stay lossless
                (the guesses are a deterministic function of the history);

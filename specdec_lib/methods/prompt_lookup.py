@@ -20,9 +20,9 @@ Lookup cost: an index {n-gram: position} per n, extended with the new tokens aft
 costs O(new tokens * max_ngram), not a scan of the whole text (the original and HF scan with unfold).
 
 Draft budget from this machine (mechanisms/budget.py): num_tokens="auto" picks, at each match, the
-chain length g in 0..32 (0: no draft, where none pays; probed again every 16 such matches) maximising E[tokens | g] / t(g + 1), E from P(accept depth d | depth d reached) counted
-over this generation's matched steps, t the target's forward cost measured here once (cached per device + model
-+ dtype; `costs=` injects one).
+chain length g in 0..32 (0: no draft, where none pays; probed again every 16 such matches) maximising
+E[tokens | g] / t(g + 1), E from P(accept depth d | depth d reached) counted over this generation's matched
+steps, t the target's forward cost measured here once (cached per device + model + dtype; `costs=` injects one).
 
 Simplifications: batch size 1; one candidate (no tree of several matches).
 """

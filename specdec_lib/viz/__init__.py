@@ -24,7 +24,7 @@ package only, so the rest of `specdec_lib` imports without them.
   (`card_explorer`: K, ratio, prompt -> timeline and table).
 - `compare`: every method side by side (notebook 08): per-category radar, efficiency against the bound, why (no)
   speedup from the step records (`radar_figure`, `efficiency_figure`, `cost_per_token_figure`,
-  `step_costs_figure`, `why_explorer`, `budget_figure`).
+  `step_costs_figure`, `why_explorer`, `budget_figure`, `never_slower_figure`).
 - `bench`: benchmarks and ablations (`bench_figure`, `context_figure`, `gamma_sweep_figure`, `table1_figure`, `heatmap_figure`,
   `sweep_figure`, `ablation_explorer`).
 
@@ -41,16 +41,16 @@ from .costs import cost_curve_figure, cost_figure, speedup_explorer, speedup_sur
 from .layout import block_map_figure, layout_figure, layout_timing_figure, selection_figure
 from .fumble import pool_explorer, pool_figure, streams_figure
 from .timeline import card_explorer, timeline_figure
-from .compare import (budget_figure, cost_per_token_figure, efficiency_figure, radar_figure, step_costs_figure,
-                      why_explorer)
+from .compare import (budget_figure, cost_per_token_figure, efficiency_figure, never_slower_figure, radar_figure,
+                      step_costs_figure, why_explorer)
 from .bench import (ablation_explorer, bench_figure, context_figure, gamma_sweep_figure, heatmap_figure, sweep_figure,
                     table1_figure)
 
 __all__ = ["CacheStep", "ablation_explorer", "acceptance_figure", "acceptance_html", "bench_figure", "context_figure",
            "block_map_figure", "budget_explorer", "card_explorer", "cache_steps", "cache_timeline_figure",
            "cost_curve_figure", "cost_figure",
-           "budget_figure", "cost_per_token_figure", "efficiency_figure", "radar_figure", "step_costs_figure",
-           "why_explorer",
+           "budget_figure", "cost_per_token_figure", "efficiency_figure", "never_slower_figure", "radar_figure",
+           "step_costs_figure", "why_explorer",
            "distribution_figure", "draft_time_figure", "gamma_sweep_figure", "heatmap_figure", "layout_figure",
            "layout_timing_figure", "mask_figure", "mask_labels", "pool_explorer", "pool_figure",
            "result_acceptance_html", "rollback_explorer", "selection_figure", "speedup_explorer",

@@ -10,6 +10,8 @@ speedup?" from the per-step records.
   faster than autoregressive only when the whole bar is shorter than autoregressive's verify bar.
 - `step_costs_figure(result)`: one run step by step: tokens emitted per step (bars) with draft and verify ms (lines).
 - `why_explorer(results)`: pick a run, see its steps and its cost per token against the others.
+- `never_slower_figure(table)`: each method's speed over the loop's plain decoding in each setting (grouped bars,
+  a line at 1), from `bench.compare.never_slower`.
 - `budget_figure(result)`: an `"auto"` budget step by step: the budget chosen (line) over the tokens emitted (bars).
 """
 from __future__ import annotations
@@ -139,3 +141,19 @@ def why_explorer(results: dict):
     box.update, box.state = update, state
     update()
     return box
+
+
+def never_slower_figure(table, value: str = "vs_autoregressive",
+                        title: str = "Every method with its defaults, over the loop's plain decoding") -> go.Figure:
+    """One bar group per method, one bar per setting (table: `bench.compare.never_slower`), a line at 1: a bar
+    below it is a method that made decoding slower there. Missing values (a method not run there) are gaps."""
+    methods = [m for m in dict.fromkeys(table.method) if m != "autoregressive"]
+    fig = go.Figure()
+    for setting, rows in table.groupby("setting", sort=False):
+        values = rows.set_index("method")[value]
+        fig.add_trace(go.Bar(x=methods, y=[float(values[m]) if m in values.index else None for m in methods],
+                             name=str(setting)))
+    fig.add_hline(y=1.0, line_dash="dash", annotation_text="autoregressive", annotation_position="top left")
+    fig.update_layout(title=title, barmode="group", yaxis_title=f"{value.replace('_', ' ')} (x)", height=440,
+                      width=960)
+    return fig
