@@ -28,7 +28,7 @@ under greedy decoding and under sampling alike (verify.walk_tree draws each emit
 Budget: `budget` (tree nodes verified) is an int or "auto": chosen each step on this machine's cost curve by
 TreeBudget (mechanisms/budget.py) from the ladder BUDGET_LADDER; the same ranked list answers what any other
 budget would have yielded (its top b), so the counterfactuals cost nothing. Budget 0 is a plain step (no head
-forward), taken where no tree pays.
+forward, and no counterfactual: the chooser's probe drafts again), taken where no tree pays.
 
 The head's time is priced too: one head forward (a row, and the target's LM head over its prediction) is timed
 here once per head and target (`head_ms=` injects it), and a budget b pays min(depth, b') of them, b' the next
@@ -223,8 +223,10 @@ class Eagle(Proposer):
         if not self.pending or max_depth < 1:  # step 1 (no features yet), or nothing more can be emitted
             return Proposal(DraftTree(root), features=True)
         budget = self.budget.choose(len(state.committed))
+        if budget == 0:  # a plain step: no head forward, so no counterfactual either (the chooser probes later)
+            return Proposal(DraftTree(root), info=self.budget.info(0), features=True)
         most = max([budget, *self.budget.others])  # one ranked list answers every candidate
-        nodes = self._draft(state.committed, max_depth, most) if most else []  # 0: a plain step
+        nodes = self._draft(state.committed, max_depth, most)
         carry = self.budget.carry(lambda b: self._tree(root, nodes, b))
         return Proposal(self._tree(root, nodes, budget), info=self.budget.info(budget), carry=carry, features=True)
 
