@@ -297,6 +297,23 @@ def test_side_rows_run_only_while_they_pay(method, knob):
     assert on["flat"] == 1.0 and on["steep"] < 0.6, on
 
 
+@pytest.mark.parametrize("mode", ["sync", "thread"])
+def test_card_drafts_only_while_it_beats_a_plain_step(mode):
+    """CARD's width="auto": a drafted step, as measured, against a plain one priced at the curve's t(1). A plain
+    step priced at a second: drafting always wins; at a nanosecond: it stops after the warm-up and the target
+    decodes plainly (probing now and then); the tokens are the target's either way."""
+    target, draft = random_lm(seed=5, logit_scale=20.0), random_lm(seed=9, layers=1)
+    ids = repeating_prompt(30, 5, target.config.vocab_size)
+    reference = generate("hf", target, ids, 64).new_tokens
+    dear = generate("card", target, ids, 64, draft=draft, mode=mode, costs={1: 1000.0, 128: 1001.0})
+    cheap = generate("card", target, ids, 64, draft=draft, mode=mode, costs={1: 1e-6, 128: 2e-6})
+    assert dear.new_tokens == cheap.new_tokens == reference
+    assert dear.stats["plain_steps"] == 0 and dear.stats["config"]["width"] == "auto"
+    assert cheap.stats["plain_steps"] > cheap.target_forwards / 3, cheap.stats["plain_steps"]
+    fixed = generate("card", target, ids, 64, draft=draft, mode=mode, width=8)
+    assert fixed.new_tokens == reference and fixed.stats["plain_steps"] == 0 and "side_on_steps" not in fixed.stats
+
+
 # ---------------------------------------------------------------- the cost at a context
 
 def test_context_costs_interpolate_in_the_prefix_and_never_fall():
@@ -388,11 +405,11 @@ def test_bad_settings():
     with pytest.raises(TypeError, match="auto"):
         generate("card", random_lm(), repeating_prompt(12, 0), 4, draft=random_lm(seed=1), query="long")
     with pytest.raises(ValueError, match="costs"):
-        generate("card", random_lm(), repeating_prompt(12, 0), 4, draft=random_lm(seed=1), costs={1: 1.0})
+        generate("card", random_lm(), repeating_prompt(12, 0), 4, draft=random_lm(seed=1), width=8, costs={1: 1.0})
 
 
 AUTO = {"cacheback": dict(tdl="auto"), "prompt_lookup": dict(num_tokens="auto"), "draft_model": dict(gamma="auto"),
-        "lookahead": dict(guesses="auto"), "fafo": dict(candidates="auto"), "card": dict(query="auto")}
+        "lookahead": dict(guesses="auto"), "fafo": dict(candidates="auto"), "card": dict(query="auto", width=8)}
 
 
 def _auto(method, curve):

@@ -1,6 +1,7 @@
 """CARD (methods/card.py, mechanisms/card_tree.py, card_drafter.py): the drafter's tree against a by-hand top-K beam, hit/miss
 corrections, thread and process modes = sync mode, clean shutdown of the worker thread / drafter process,
-process-mode sampling against the target's exact distribution, bad settings."""
+process-mode sampling against the target's exact distribution, bad settings. The mechanism runs at a fixed width
+(width=8): width="auto" may stop drafting where it does not pay (tests/test_budget.py tests that)."""
 from __future__ import annotations
 
 import multiprocessing
@@ -135,8 +136,8 @@ def test_thread_mode_gives_the_sync_greedy_tokens(models, self_draft):
     target, draft, ids = models
     draft = target if self_draft else draft
     reference = generate("hf", target, ids, 40).new_tokens
-    sync = generate("card", target, ids, 40, draft=draft, debug=True)
-    result, error = in_time(lambda: generate("card", target, ids, 40, draft=draft, mode="thread", debug=True))
+    sync = generate("card", target, ids, 40, draft=draft, width=8, debug=True)
+    result, error = in_time(lambda: generate("card", target, ids, 40, draft=draft, width=8, mode="thread", debug=True))
     assert error is None, error
     assert sync.new_tokens == result.new_tokens == reference
     stats = result.stats
@@ -153,10 +154,10 @@ def test_concurrent_modes_stop_at_eos_and_max_new_tokens(models, mode):
     target, _, ids = models
     reference = generate("hf", target, ids, 12).new_tokens
     for n in (1, 2, 5):
-        result, error = in_time(lambda: generate("card", target, ids, n, draft=target, mode=mode))
+        result, error = in_time(lambda: generate("card", target, ids, n, draft=target, width=8, mode=mode))
         assert error is None and result.new_tokens == reference[:n]
     eos = reference[6]
-    result, error = in_time(lambda: generate("card", target, ids, 12, draft=target, mode=mode,
+    result, error = in_time(lambda: generate("card", target, ids, 12, draft=target, width=8, mode=mode,
                                              eos_token_id=eos))
     assert error is None and result.new_tokens == reference[:reference.index(eos) + 1]
     assert not drafter_threads()
@@ -175,7 +176,7 @@ def test_concurrent_modes_shut_down_when_observe_raises(models, monkeypatch, mod
         return original(self, state, verdict)
 
     monkeypatch.setattr(Card, "observe", observe)
-    _, error = in_time(lambda: generate("card", target, ids, 30, draft=draft, mode=mode))
+    _, error = in_time(lambda: generate("card", target, ids, 30, draft=draft, width=8, mode=mode))
     assert isinstance(error, KeyError) and len(calls) == 3
     assert not drafter_threads()
 
@@ -192,7 +193,7 @@ def test_a_worker_exception_reaches_the_caller(models, monkeypatch):
         return original(self, job)
 
     monkeypatch.setattr(CardTree, "forward", forward)
-    _, error = in_time(lambda: generate("card", target, ids, 30, draft=draft, mode="thread"))
+    _, error = in_time(lambda: generate("card", target, ids, 30, draft=draft, width=8, mode="thread"))
     assert isinstance(error, RuntimeError) and isinstance(error.__cause__, ValueError), error
     assert set(calls) == {WORKER_NAME}  # only the worker drafts in thread mode
     assert not drafter_threads()
@@ -237,7 +238,7 @@ def test_process_mode_gives_the_sync_greedy_tokens(models, self_draft):
     target, draft, ids = models
     draft = target if self_draft else draft
     reference = generate("hf", target, ids, 40).new_tokens
-    result, error = in_time(lambda: generate("card", target, ids, 40, draft=draft, mode="process", debug=True))
+    result, error = in_time(lambda: generate("card", target, ids, 40, draft=draft, width=8, mode="process", debug=True))
     assert error is None, error
     assert result.new_tokens == reference
     stats = result.stats
@@ -266,7 +267,7 @@ def test_a_drafter_process_failure_reaches_the_caller(models, monkeypatch, failu
         return original(self, job)
 
     monkeypatch.setattr(CardTree, "forward", forward)
-    _, error = in_time(lambda: generate("card", target, ids, 30, draft=draft, mode="process"))
+    _, error = in_time(lambda: generate("card", target, ids, 30, draft=draft, width=8, mode="process"))
     assert isinstance(error, RuntimeError), error
     assert ("ValueError: drafter failed" in str(error)) if failure == "raise" else ("died" in str(error))
     assert calls == [] and not drafter_threads()  # only the child drafts
@@ -299,7 +300,7 @@ def test_no_correction_ablation_is_lossless_and_waits_out_a_stale_tree(models):
     target, draft, ids = models
     reference = generate("hf", target, ids, 40).new_tokens
     for drafter in (draft, target):
-        plain = generate("card", target, ids, 40, draft=drafter, debug=True)
+        plain = generate("card", target, ids, 40, draft=drafter, width=8, debug=True)
         ablated = generate("card", target, ids, 40, draft=drafter, correction=False, draft_depth=6, debug=True)
         assert plain.new_tokens == ablated.new_tokens == reference
         assert ablated.stats["config"]["correction"] is False and ablated.stats["misses"] > 0
@@ -339,7 +340,8 @@ def test_a_drafter_on_the_cpu_beside_the_target(models, mode):
     target, draft, ids = models
     assert card_module.draft_on(draft, "cpu") is draft and card_module.draft_on(draft, None) is draft
     reference = generate("hf", target, ids, 30).new_tokens
-    result, error = in_time(lambda: generate("card", target, ids, 30, draft=draft, mode=mode, draft_device="cpu"))
+    result, error = in_time(lambda: generate("card", target, ids, 30, draft=draft, width=8, mode=mode,
+                                             draft_device="cpu"))
     assert error is None, error
     assert result.new_tokens == reference and result.stats["config"]["draft_device"] == "cpu"
     assert result.stats["draft_layers"] > 0 and not drafter_threads()

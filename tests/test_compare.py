@@ -93,6 +93,17 @@ def test_readme_real_pair_table_is_generated_from_the_saved_results():
     assert all(data["meta"]["models"] == "smol" for data in results.values())
 
 
+def test_readme_never_slower_table_is_generated_from_the_saved_results():
+    """The "never slower" block: `python -m specdec_lib.bench.compare --never --readme README.md` (written by
+    `make bench-never`), every saved setting present, every method lossless in each."""
+    table, metas = compare.load_never(ROOT / "data" / "results")
+    assert set(metas) == set(compare.NEVER_FILES)
+    start, end = compare.markers("never")
+    readme = (ROOT / "README.md").read_text()
+    assert readme.split(start, 1)[1].split(end, 1)[0].strip() == compare.never_markdown(table, metas)
+    assert (table.all_match_hf != False).all()  # noqa: E712
+
+
 def test_write_readme_table_replaces_only_the_block(tmp_path):
     results = compare.load_results(ROOT / "data" / "results" / f"bench_{s}_cpu.json" for s in ("code",))
     readme = tmp_path / "README.md"

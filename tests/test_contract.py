@@ -185,13 +185,15 @@ def test_sampling_checks_are_not_vacuous(peaked, method):
         flat["draft_costs"] = {1: 0.1, 128: 0.2}  # a draft forward a tenth of the target's
     if method == "eagle":
         flat["head_ms"] = 0.1  # a head forward a tenth of a step
+    if method == "card":  # drafted steps are timed: price a plain step far above any, so drafting always runs
+        flat["costs"] = {1: 1000.0, 128: 1001.0}
     accepted = sum(generate(method, target, ids, 3, draft=draft, temperature=1.0, seed=s, **flat).stats["accepted"]
                    for s in range(100))
     assert accepted > 30
 
 
 # their draft budget (and Lookahead's window, FAFO's streams) is "auto" unless set
-AUTO_BY_DEFAULT = {"cacheback", "fafo", "eagle", "prompt_lookup", "draft_model", "lookahead"}
+AUTO_BY_DEFAULT = {"cacheback", "fafo", "eagle", "prompt_lookup", "draft_model", "lookahead", "card"}
 
 
 WRONG = {

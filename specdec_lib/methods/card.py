@@ -36,6 +36,16 @@ as free, since the drafter works whether or not the target reads its deeper laye
 them). The width K stays fixed: it shapes the layers the drafter has already grown when the target's verdict
 arrives, and the hit rate a different K would have had cannot be read off the step (its tree would differ).
 
+Drafting at all: `width="auto"` (the default) drafts with AUTO_WIDTH while that pays (budget.SideBudget): a step
+without the drafter is exactly a plain step (1 token for t(1), read off the target's cost curve), so every
+drafted step records what it yielded and what it took, against that. What a drafted step takes is MEASURED (from
+propose to observe, plus the last correction): the drafter's layers (sync mode), the tree's bookkeeping in Python
+and, in the concurrent modes, what the drafter beside it slows the target, none of which a curve of target
+forwards prices. When drafting loses, the target decodes plainly and the drafter is left as it is; every 48 steps
+it is corrected to the committed text (a miss: it restarts from there) and tried again. Other widths are not
+candidates: the hit rate a different K would have had cannot be read off the step. The ablation below
+(correction=False) always drafts: it never corrects the drafter, so it could not restart it.
+
 Per-step info: card_nodes (tree size at the query), card_layers (layers since the previous query), hit (in
 process mode as the parent's copy of the tree says), draft_size (the query's cap: chosen with query="auto").
 stats(): hit rate, draft layers, config, and in thread and process modes the busy intervals (perf_counter
@@ -56,7 +66,8 @@ import torch
 
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
-from ..mechanisms.budget import Budget, ChainBudget
+from ..mechanisms.budget import Budget, ChainBudget, SideBudget, is_auto
+from ..mechanisms.cost_curve import reach, resolve_curve
 from ..mechanisms.card_drafter import WORKER_NAME, SyncDrafter, ThreadDrafter, growable
 from ..mechanisms.card_process import DrafterProcess
 from ..mechanisms.draft_tree import ROOT, DraftTree
@@ -66,6 +77,7 @@ __all__ = ["Card", "MODES", "WORKER_NAME", "draft_on"]
 MODES = ("sync", "thread", "process")
 WAIT_S = 120.0  # the longest propose waits for the drafter / finish waits for the worker to stop
 DRAFT_DEVICES = (None, "cpu")
+AUTO_WIDTH = 8  # width="auto": this width while drafting pays, else plain steps
 _DRAFT_COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # draft -> its CPU copy
 
 
@@ -82,7 +94,7 @@ def draft_on(draft, device: str | None):
 class Card(Proposer):
     """CARD (query-and-correct): a width-K draft tree grown in parallel, one chain verified per step."""
 
-    def __init__(self, width: int = 8, ratio: int = 2, mode: str = "sync", draft_depth: int = 12,
+    def __init__(self, width: int | str = "auto", ratio: int = 2, mode: str = "sync", draft_depth: int = 12,
                  correction: bool = True, query: int | str | None = None, costs=None,
                  draft_device: str | None = None):
         if draft_device not in DRAFT_DEVICES:
@@ -91,8 +103,11 @@ class Card(Proposer):
         if draft_device is not None and mode == "sync":
             raise ValueError("draft_device='cpu' moves the drafter beside the target: use mode='thread' or 'process'")
         self.draft_device = draft_device
-        self.width = check_int("width", width, 1)
-        self.budget = Budget("query", query, 1, optional=True, costs=costs)
+        self.width_auto = is_auto(width)
+        self.width = AUTO_WIDTH if self.width_auto else check_int("width", width, 1)
+        self.costs = costs
+        self.budget = Budget("query", query, 1, optional=True,
+                             costs=None if self.width_auto and not is_auto(query) else costs)
         self.query = self.budget.value
         self.ratio = check_int("ratio", ratio, 1)
         self.draft_depth = check_int("draft_depth", draft_depth, 1)
@@ -119,6 +134,12 @@ class Card(Proposer):
         self.budget.start(req, lambda curve: ChainBudget(curve, max_len=max(1, self.draft_depth - 1)))
         self.target_device = req.input_ids.device
         draft, committed = draft_on(req.draft, self.draft_device), state.committed
+        self.side, self.drafting, self.plain_steps = None, True, 0
+        # drafted steps (measured) against plain ones (the curve's t(1)): the module doc; the ablation never
+        # corrects the drafter, so it cannot restart it: it always drafts
+        if self.width_auto and self.correction:
+            self.side = SideBudget(resolve_curve(self.costs, req.target, reach(req)), context=len(committed))
+            self._t_propose, self._correct_ms = None, 0.0
         # On a CPU both sides share the cores: one intra-op thread each. A GPU target needs few CPU threads:
         # it keeps what it has and a CPU drafter gets as many.
         cpu_target, threads = self.target_device.type == "cpu", torch.get_num_threads()
@@ -146,6 +167,15 @@ class Card(Proposer):
         return not growable(tree, self.draft_depth) or (since_query >= self.ratio and deep_enough)
 
     def propose(self, state: LoopState, max_depth: int) -> Proposal:
+        self._t_propose = time.perf_counter()
+        if self.side is not None and not self.side.choose(len(state.committed)):
+            self.drafting = False  # a plain step; the drafter waits as it is
+            self.plain_steps += 1
+            info = dict(draft_size=0, card_nodes=0, card_layers=0, hit=None)
+            return Proposal(DraftTree.chain(state.committed[-1], []), info=info, carry=dict(plain=True))
+        if not self.drafting:  # back from plain steps: the drafter restarts from the committed text
+            self.drafter.correct(state.committed)
+            self.drafting = True
         # sync mode drafts only when a chain can still be emitted; the concurrent drafters are there anyway
         ready = self._ready if max_depth > 0 or self.mode != "sync" else None
         with self.drafter.query(ready, grow_after=max_depth > 0) as (tree, since):
@@ -171,8 +201,15 @@ class Card(Proposer):
         return Proposal(DraftTree.chain(state.committed[-1], chain), q=q, info=info)
 
     def observe(self, state: LoopState, verdict) -> None:
-        self.target_busy.append((self._t_query, time.perf_counter()))
+        if verdict.proposal.carry.get("plain"):
+            return
+        now = time.perf_counter()
+        if self.side is not None:  # this drafted step, as measured, against a plain one (1 token for t(1))
+            took = 1e3 * (now - self._t_propose) + self._correct_ms
+            self.side.record(len(verdict.emitted), took, 1.0, self.side.price(1))
+        self.target_busy.append((self._t_query, now))
         hit = self.drafter.correct(state.committed) if self.correction else self._follow(state.committed)
+        self._correct_ms = 1e3 * (time.perf_counter() - now)
         verdict.proposal.info["hit"] = hit
         self.budget.record(verdict)
         self.hits += hit
@@ -189,9 +226,10 @@ class Card(Proposer):
         return hit
 
     def stats(self) -> dict:
-        config = dict(width=self.width, ratio=self.ratio, mode=self.mode, draft_depth=self.draft_depth,
-                      correction=self.correction, query=self.query, draft_device=self.draft_device)
+        config = dict(width="auto" if self.width_auto else self.width, ratio=self.ratio, mode=self.mode,
+                      draft_depth=self.draft_depth, correction=self.correction, query=self.query, draft_device=self.draft_device)
         out = dict(config=config, **self.budget.stats(), draft_layers=self.drafter.layers,
+                   plain_steps=self.plain_steps, **(self.side.stats() if self.side is not None else {}),
                    hits=self.hits, misses=self.misses,
                    hit_rate=self.hits / (self.hits + self.misses) if self.hits + self.misses else float("nan"))
         if self.mode != "sync":
