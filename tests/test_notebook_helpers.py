@@ -1,14 +1,21 @@
 """The notebooks' helpers (specdec_lib.tools.notebook): a long sweep is run and saved with FULL, shown from the
-saved table without it, and run again when the saved table is another pair's or missing."""
+saved table without it, and run again when the saved table is another pair's or missing; measured claims rendered
+from the run's numbers, and the ceiling on numbers typed into Markdown."""
 from __future__ import annotations
 
 import json
 from types import SimpleNamespace
 
+from pathlib import Path
+
 import pandas as pd
+import pytest
 import torch
 
 from specdec_lib.tools import notebook
+from specdec_lib.tools.claims import typed_numbers
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 
 def test_long_run_saves_with_full_and_shows_the_saved_table_without(tmp_path, capsys):
@@ -42,3 +49,45 @@ def test_long_run_saves_with_full_and_shows_the_saved_table_without(tmp_path, ca
     assert json.loads((tmp_path / "04_x_smol.json").read_text())["models"] == "smol"
     assert json.loads((tmp_path / "04_x.json").read_text())["models"] == "tiny"
     assert notebook.long_run("04_x", compute, full=False, pair=smol, results_dir=tmp_path).speedup.tolist() == [1.0, 6.5]
+
+
+# ---------------------------------------------------------------- measured claims (tools/claims.py)
+
+def test_a_claim_is_rendered_from_the_numbers_and_says_whether_it_held():
+    speedup = 1.234
+    held = notebook.claim("prompt lookup is {s:.2f}x autoregressive on {suite}", speedup > 1, s=speedup,
+                          suite="editing")
+    assert str(held) == "prompt lookup is 1.23x autoregressive on editing (held in this run)"
+    assert held._repr_markdown_().endswith("*(held in this run)*") and held.numbers["s"] == speedup
+    missed = notebook.claim("faster: {s:.2f}x", speedup > 2, s=speedup)
+    assert not missed.held and "**(did not hold in this run)**" in missed.markdown()
+    both = notebook.claims(held, missed)
+    assert not both.held and both.markdown().count("\n- ") == 1 and both.markdown().startswith("- ")
+    import numpy as np
+    assert notebook.claim("{x}", np.float64(2) > 1, x=2).held is True  # a numpy bool is a bool
+    with pytest.raises(ValueError, match="'s'"):
+        notebook.claim("{s:.2f}x", True)
+    with pytest.raises(TypeError):
+        notebook.claim("{x}", "yes", x=1)
+    with pytest.raises(TypeError):
+        notebook.claims("not a claim")
+
+
+def test_typed_numbers_finds_measured_numbers_but_not_papers_code_or_math():
+    text = ("one run gave 1.3x and 15 ms, then +5 %, 42 tokens/s and MAT 2.41\n"
+            "the paper reports 2.42x (its Table 1)\n"
+            "`gamma=4` gives `2x`; $3x$ is math; a 10 x 6 grid; 4 sinks; 16k tokens")
+    found = [hit.split(":")[0] for hit in typed_numbers(text)]
+    assert found == ["1.3x", "15 ms", "+5 %", "42 tokens/s", "MAT 2.41"]
+
+
+# Measured numbers typed into each notebook's Markdown (typed_numbers): a ceiling that only goes down. A notebook
+# states what it measured with notebook.claim(...) in a code cell; lower a ceiling when its prose is converted.
+TYPED_CEILING = {"00": 1, "04": 2, "07": 13}
+
+
+@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.name[:2])
+def test_no_more_measured_numbers_typed_into_a_notebooks_markdown(path):
+    cells = json.loads(path.read_text())["cells"]
+    found = [hit for c in cells if c["cell_type"] == "markdown" for hit in typed_numbers("".join(c["source"]))]
+    assert len(found) <= TYPED_CEILING.get(path.name[:2], 0), found

@@ -1,14 +1,18 @@
-"""What every notebook's first cells need, written once: the versions banner and figure saving.
+"""What every notebook's first cells need, written once: the versions banner, figure saving, saved long runs,
+and measured claims.
 
     from specdec_lib.tools import notebook
     notebook.banner()                          # torch / transformers / specdec_lib versions and the device
     save = notebook.figure_saver(FIGURES_DIR)  # save(fig, "name") -> fig, also written to FIGURES_DIR/name.html
+    notebook.claim("{m} is {r:.2f}x ...", r > 1, m=..., r=...)  # a sentence from this run's numbers (claims.py)
 
 Simplifications: figures are saved as HTML with plotly.js from a CDN (small files; they need internet to open).
 """
 from __future__ import annotations
 
 from pathlib import Path
+
+from .claims import claim, claims  # noqa: F401  (re-exported: notebook.claim(...))
 
 
 def banner() -> str:
