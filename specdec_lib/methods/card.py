@@ -41,8 +41,8 @@ without the drafter is exactly a plain step (1 token for t(1), read off the targ
 drafted step records what it yielded and what it took, against that. What a drafted step takes is MEASURED (from
 propose to observe, plus the last correction): the drafter's layers (sync mode), the tree's bookkeeping in Python
 and, in the concurrent modes, what the drafter beside it slows the target, none of which a curve of target
-forwards prices. When drafting loses, the target decodes plainly and the drafter is left as it is; every 48 steps
-it is corrected to the committed text (a miss: it restarts from there) and tried again. Other widths are not
+forwards prices. When drafting loses, the target decodes plainly and the drafter is left as it is; every 64 steps
+it is corrected to the committed text (a miss: it restarts from there) and tried again for 6 steps. Other widths are not
 candidates: the hit rate a different K would have had cannot be read off the step. The ablation below
 (correction=False) always drafts: it never corrects the drafter, so it could not restart it.
 
@@ -78,6 +78,7 @@ MODES = ("sync", "thread", "process")
 WAIT_S = 120.0  # the longest propose waits for the drafter / finish waits for the worker to stop
 DRAFT_DEVICES = (None, "cpu")
 AUTO_WIDTH = 8  # width="auto": this width while drafting pays, else plain steps
+PROBE_STEPS, PROBE_EVERY = 6, 64  # width="auto": drafted steps judged at first and per probe; plain steps per probe
 _DRAFT_COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # draft -> its CPU copy
 
 
@@ -138,7 +139,10 @@ class Card(Proposer):
         # drafted steps (measured) against plain ones (the curve's t(1)): the module doc; the ablation never
         # corrects the drafter, so it cannot restart it: it always drafts
         if self.width_auto and self.correction:
-            self.side = SideBudget(resolve_curve(self.costs, req.target, reach(req)), context=len(committed))
+            # a drafted step's verdict is clear after a few steps (no window to fill first), and each probe restarts
+            # the drafter (its catch-up and first layers are paid again): short warm-up and probes, rare probes
+            self.side = SideBudget(resolve_curve(self.costs, req.target, reach(req)), context=len(committed),
+                                   warmup=PROBE_STEPS, probe_len=PROBE_STEPS, probe_every=PROBE_EVERY)
             self._t_propose, self._correct_ms = None, 0.0
         # On a CPU both sides share the cores: one intra-op thread each. A GPU target needs few CPU threads:
         # it keeps what it has and a CPU drafter gets as many.
