@@ -161,10 +161,30 @@ def peaked():
     return target, draft, ids
 
 
+# their draft budget (and Lookahead's window, FAFO's streams, CARD's drafting) is "auto" unless set
+AUTO_BY_DEFAULT = {"cacheback", "fafo", "eagle", "prompt_lookup", "draft_model", "lookahead", "card"}
+
+
+def drafting(method) -> dict:
+    """Settings under which an "auto" method drafts: injected curves with rows nearly free (this machine's timing
+    must not decide whether anything is drafted, or the sampling checks would test plain steps only)."""
+    if method not in AUTO_BY_DEFAULT:
+        return {}
+    costs = dict(costs={1: 1.0, 128: 1.05})
+    if method == "draft_model":
+        costs["draft_costs"] = {1: 0.1, 128: 0.2}  # a draft forward a tenth of the target's
+    if method == "eagle":
+        costs["head_ms"] = 0.1  # a head forward a tenth of a step
+    if method == "card":  # drafted steps are timed: price a plain step far above any, so drafting always runs
+        costs["costs"] = {1: 1000.0, 128: 1001.0}
+    return costs
+
+
 def check_sampling(method, peaked, setting):
     target, draft, ids = peaked
     length, sampling, n = SETTINGS[setting]
-    return lossless_check(method, target, ids, length=length, n_samples=n, draft=draft, **sampling)
+    return lossless_check(method, target, ids, length=length, n_samples=n, draft=draft, **sampling,
+                          **drafting(method))
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
@@ -176,24 +196,12 @@ def test_sampling_matches_the_target_distribution(peaked, method, setting):
 
 @pytest.mark.parametrize("method", [m for m in ALL if METHODS[m].accepts("debug") and m != "autoregressive"])
 def test_sampling_checks_are_not_vacuous(peaked, method):
-    """Drafts are proposed and accepted under sampling on this prompt, so the checks above test the rule."""
+    """Drafts are proposed and accepted under sampling on this prompt (with the settings the checks above use),
+    so the checks above test the rule."""
     target, draft, ids = peaked
-    # budgets that default to "auto" read a curve with rows nearly free (injected: this machine's timing must not
-    # decide whether anything is drafted at all)
-    flat = dict(costs={1: 1.0, 128: 1.05}) if method in AUTO_BY_DEFAULT else {}
-    if method == "draft_model":
-        flat["draft_costs"] = {1: 0.1, 128: 0.2}  # a draft forward a tenth of the target's
-    if method == "eagle":
-        flat["head_ms"] = 0.1  # a head forward a tenth of a step
-    if method == "card":  # drafted steps are timed: price a plain step far above any, so drafting always runs
-        flat["costs"] = {1: 1000.0, 128: 1001.0}
-    accepted = sum(generate(method, target, ids, 3, draft=draft, temperature=1.0, seed=s, **flat).stats["accepted"]
-                   for s in range(100))
+    accepted = sum(generate(method, target, ids, 3, draft=draft, temperature=1.0, seed=s, **drafting(method)
+                            ).stats["accepted"] for s in range(100))
     assert accepted > 30
-
-
-# their draft budget (and Lookahead's window, FAFO's streams) is "auto" unless set
-AUTO_BY_DEFAULT = {"cacheback", "fafo", "eagle", "prompt_lookup", "draft_model", "lookahead", "card"}
 
 
 WRONG = {
@@ -261,9 +269,14 @@ def test_cacheback_learns_from_generated_text(monkeypatch):
     assert frozen_at_prompt.new_tokens == out and frozen_at_prompt.mat < 1.3
 
 
+# fixed budgets where "auto" times the machine to decide whether to draft at all (a mechanism test)
+FIXED = {"card": dict(width=8), "draft_model": dict(gamma=4), "eagle": dict(head_ms=0.0)}
+
+
 def test_every_proposer_drafts_on_generated_text(random_pairs):
     target, prompt = _looping_case()
     draft = random_lm("llama", vocab=97, layers=2, seed=11, logit_scale=20.0)  # a draft equal to the target
     for method in [m for m in ALL if METHODS[m].accepts("debug") and m != "autoregressive"]:
-        result = run(method, target, prompt, 60, draft, **({"frozen": False} if method == "cacheback" else {}))
+        result = run(method, target, prompt, 60, draft, **({"frozen": False} if method == "cacheback" else {}),
+                     **FIXED.get(method, {}))
         assert result.stats["accepted"] > 20 and result.mat > 1.5, method
