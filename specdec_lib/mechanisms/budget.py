@@ -390,13 +390,17 @@ class Budget:
     report stats. A fixed int (>= `minimum`) is honoured exactly; "auto" builds a chooser at `start` from the
     target's cost curve (injected `costs=`, or measured here up to the context the request reaches).
 
-    `costs`: the method's injected curves by option name (costs=, draft_costs=), read only under "auto".
+    `costs`: the method's injected curves by option name (costs=, draft_costs=), read only under "auto", or
+    when `shared` (another "auto" knob of the method reads them too: Lookahead's window, FAFO's streams, CARD's
+    drafting; they get them from `curve`).
     optional: None is allowed too (CARD's query), no budget of its own: `choose` returns None."""
 
-    def __init__(self, option: str, value, minimum: int = 1, optional: bool = False, **costs):
+    def __init__(self, option: str, value, minimum: int = 1, optional: bool = False, shared: bool = False,
+                 **costs):
         self.option = option
         self.value = None if value is None and optional else check_budget(option, value, minimum)
-        check_costs(option, value, **costs)
+        if not shared:
+            check_costs(option, value, **costs)
         self.costs = costs
         self.chooser: ChainBudget | TreeBudget | None = None
         self.others: list[int] = []  # a tree chooser's neighbouring candidates this step (to regrow)

@@ -67,7 +67,7 @@ import torch
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
 from ..mechanisms.budget import Budget, ChainBudget, SideBudget, is_auto
-from ..mechanisms.cost_curve import reach, resolve_curve
+from ..mechanisms.cost_curve import reach
 from ..mechanisms.card_drafter import WORKER_NAME, SyncDrafter, ThreadDrafter, growable
 from ..mechanisms.card_process import DrafterProcess
 from ..mechanisms.draft_tree import ROOT, DraftTree
@@ -106,9 +106,7 @@ class Card(Proposer):
         self.draft_device = draft_device
         self.width_auto = is_auto(width)
         self.width = AUTO_WIDTH if self.width_auto else check_int("width", width, 1)
-        self.costs = costs
-        self.budget = Budget("query", query, 1, optional=True,
-                             costs=None if self.width_auto and not is_auto(query) else costs)
+        self.budget = Budget("query", query, 1, optional=True, shared=self.width_auto, costs=costs)
         self.query = self.budget.value
         self.ratio = check_int("ratio", ratio, 1)
         self.draft_depth = check_int("draft_depth", draft_depth, 1)
@@ -141,7 +139,7 @@ class Card(Proposer):
         if self.width_auto and self.correction:
             # a drafted step's verdict is clear after a few steps (no window to fill first), and each probe restarts
             # the drafter (its catch-up and first layers are paid again): short warm-up and probes, rare probes
-            self.side = SideBudget(resolve_curve(self.costs, req.target, reach(req)), context=len(committed),
+            self.side = SideBudget(self.budget.curve(req.target, reach(req)), context=len(committed),
                                    warmup=PROBE_STEPS, probe_len=PROBE_STEPS, probe_every=PROBE_EVERY)
             self._t_propose, self._correct_ms = None, 0.0
         # On a CPU both sides share the cores: one intra-op thread each. A GPU target needs few CPU threads:

@@ -63,7 +63,7 @@ import torch
 
 from ..checks import check_int
 from ..mechanisms.budget import Budget, SideBudget, TreeBudget, is_auto, text_tree_yield
-from ..mechanisms.cost_curve import reach, resolve_curve
+from ..mechanisms.cost_curve import reach
 from ..loop import LoopState, Proposal, Proposer, SideRows, register_proposer
 from ..mechanisms import flex_layout, verify
 from ..mechanisms.compression import Compression, Quest, StreamingLLM
@@ -133,10 +133,8 @@ class Fafo(Proposer):
                  from_text: bool = True):
         self.streams_auto = is_auto(streams)
         streams = AUTO_STREAMS if self.streams_auto else check_int("streams", streams, 1)
-        self.costs = costs
-        if costs is not None and self.streams_auto and not is_auto(candidates):
-            costs = None  # read by the streams' budget only
-        self.budget = Budget("candidates", streams if candidates is None else candidates, 0, costs=costs)
+        self.budget = Budget("candidates", streams if candidates is None else candidates, 0,
+                             shared=self.streams_auto, costs=costs)
         self.cap = self.budget.value
         check_int("guess_len", guess_len, 1)
         check_int("kv_budget", kv_budget, 1)
@@ -180,7 +178,7 @@ class Fafo(Proposer):
         self.pool = FumblePool(self.n)
         self.side = self.text_pool = None
         if self.streams_auto:  # the pool without the streams' subsequences: what a step without them would find
-            costs = resolve_curve(self.costs, state.request.target, reach(state.request))
+            costs = self.budget.curve(state.request.target, reach(state.request))
             self.side = SideBudget(costs, context=len(prompt), cheap_context=self.compression.kv_budget)
             self.text_pool = FumblePool(self.n)
         for pool in (self.pool, self.text_pool) if self.from_text else ():

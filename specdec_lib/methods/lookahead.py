@@ -53,7 +53,7 @@ import torch
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, SideRows, register_proposer
 from ..mechanisms.budget import Budget, SideBudget, TreeBudget, is_auto, text_tree_yield
-from ..mechanisms.cost_curve import reach, resolve_curve
+from ..mechanisms.cost_curve import reach
 from ..mechanisms.draft_tree import DraftTree
 
 GUESS_LADDER = (0, 1, 2, 3, 4, 5, 7, 10, 14)  # guesses="auto" picks among these (the pool keeps the largest)
@@ -112,11 +112,7 @@ class Lookahead(Proposer):
         self.window_auto = is_auto(window)
         self.W = AUTO_WINDOW if self.window_auto else check_int("window", window, 1)
         self.N = check_int("ngram", ngram, 2)
-        if costs is not None and self.window_auto and not is_auto(guesses):
-            costs, self.costs = None, costs  # read by the window's budget only
-        else:
-            self.costs = costs
-        self.budget = Budget("guesses", guesses, 0, costs=costs)
+        self.budget = Budget("guesses", guesses, 0, shared=self.window_auto, costs=costs)
         self.G = self.budget.value
         if not isinstance(from_text, bool):
             raise TypeError(f"from_text must be True or False, got {from_text!r}")
@@ -133,7 +129,7 @@ class Lookahead(Proposer):
         self.pool = NgramPool(cap)
         self.side = self.text_pool = None
         if self.window_auto:  # the pool without the window's n-grams: what a step without it would guess
-            costs = resolve_curve(self.costs, state.request.target, reach(state.request))
+            costs = self.budget.curve(state.request.target, reach(state.request))
             self.side, self.text_pool = SideBudget(costs, context=len(prompt)), NgramPool(cap)
         for pool in (self.pool, self.text_pool) if self.from_text else ():
             if pool is not None:
