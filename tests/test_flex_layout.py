@@ -329,3 +329,20 @@ def test_the_compiled_flex_probe_reports_a_failure_instead_of_raising():
         pytest.skip("a GPU is present: the probe would succeed")
     why = flex_backend._probe_compiled_flex(torch.device("cuda"), torch.float16, 4, 2, 32)
     assert isinstance(why, str) and why
+
+
+def test_compiled_flex_tiles_fit_small_blocks_on_a_gpu():
+    """Seen on an H100: compiled flex_attention refused the store's 16-entry KV blocks ("Q and KV block size must
+    be divisible by BLOCK_M and BLOCK_N"); flex() now passes Triton tiles that divide the BlockMask's blocks."""
+    from types import SimpleNamespace
+
+    from specdec_lib.mechanisms.flex_backend import kernel_options
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    mask = lambda q, kv: SimpleNamespace(BLOCK_SIZE=(q, kv))  # noqa: E731 (only BLOCK_SIZE is read)
+    assert kernel_options(mask(128, 16), cuda) == {"BLOCK_M": 64, "BLOCK_N": 16}
+    assert kernel_options(mask(16, 32), cuda) == {"BLOCK_M": 16, "BLOCK_N": 32}
+    assert kernel_options(mask(128, 128), cuda) is None  # the defaults fit
+    assert kernel_options(mask(128, 16), cpu) is None and kernel_options(None, cuda) is None
+    with pytest.raises(ValueError, match="multiples of 16"):
+        kernel_options(mask(4, 16), cuda)

@@ -33,6 +33,8 @@ def test_dry_bench_runs_every_method_in_bfloat16_with_sane_peers(dry_report):
     out, _ = dry_report
     bench = pd.read_csv(out / "cpu-dry" / "bench.csv")
     assert list(bench.method) == gpu_report.BENCH_METHODS
+    assert "error" not in bench or bench.error.isna().all(), "every method ran"
+    assert list(bench.run.unique()) == [1, 2] and set(gpu_report.BASELINES) <= set(bench[bench.run == 1].method)
     hf = bench.set_index("method").loc["hf"]
     assert hf.mat == 1.0 and hf.speedup == 1.0
     assert (bench.mat >= 1.0).all() and (bench.target_forwards > 0).all()
@@ -48,13 +50,18 @@ def test_dry_choices_layout_and_hub_shapes(dry_report):
     assert choices.loc["FAFO attention auto", "value"] == "split"
     layout = pd.read_csv(folder / "flex_layout.csv")
     assert {"(a) layout", "(c) full"} <= set(layout.case) and (layout.dtype == "bfloat16").all()
+    overhead = pd.read_csv(folder / "overhead.csv")
+    assert set(overhead.method) == {"hf", "autoregressive"} and overhead.threads.nunique() == 2
+    assert (overhead.ms_per_token > 0).all() and overhead[overhead.method == "autoregressive"].verify_ms_median.gt(0).all()
+    assert "Self CPU" in (folder / "overhead_profile.txt").read_text()
     curves = pd.read_csv(folder / "hub_shapes.csv")
     assert set(curves.model) == set(gpu_report.HUB_SHAPES)
     assert (curves.median_ms > 0).all() and sorted(set(curves.rows)) == list(gpu_report.DRY["rows"])
 
 
 def test_hub_shapes_scale_down_keeping_head_counts():
-    full = gpu_report.HUB_SHAPES["qwen2.5-1.5b-shape"]
+    arch, full = gpu_report.HUB_SHAPES["qwen2.5-1.5b-shape"]
+    assert arch == "qwen2"
     assert gpu_report.scaled_shape(full, 1) == full
     small = gpu_report.scaled_shape(full, 16)
     assert small["num_attention_heads"] == 12 and small["num_key_value_heads"] == 2

@@ -409,3 +409,18 @@ def test_grow_tree_with_ngram_tables():
     assert tree.tokens[:4] == [2, 3, 2, 5]  # followers of (1,), most recently used first
     frozen = ngram.FrozenNgramTable.from_table(table)
     assert grow_tree(text + [1], [frozen], tdl=96, crt=16) == grow_tree(text + [1], [table], tdl=96, crt=16)
+
+
+def test_visible_mask_mod_reads_index_tensors_on_another_device():
+    """Seen on an H100: CARD's drafter evaluates its mask with CUDA index tensors while the block of `visible`
+    lives on the CPU; the numpy fast path must not take them (`q_idx.numpy()` fails off the CPU). The meta device
+    stands in for CUDA here: the same mask_mod answers with a tensor on the index tensors' device."""
+    from specdec_lib.mechanisms import masks
+
+    sees = torch.tensor([[True, False], [True, True]])
+    mod = masks.visible(sees, first_row=1, first_key=3)
+    q_cpu, kv_cpu = torch.arange(4)[:, None], torch.arange(6)[None, :]
+    on_cpu = mod(0, 0, q_cpu, kv_cpu)
+    assert on_cpu[2, 3:5].tolist() == [True, True] and on_cpu[1, 3:5].tolist() == [True, False]
+    on_meta = mod(0, 0, q_cpu.to("meta"), kv_cpu.to("meta"))
+    assert on_meta.device.type == "meta" and tuple(on_meta.shape) == (4, 6)

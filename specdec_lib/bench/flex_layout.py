@@ -85,7 +85,7 @@ def kernel_rows(length: int, rows: int, kv_budget: int, heads: int, kv_heads: in
 
     capacity = -(-(length + rows) // block) * block
     store = fl.FlexLayoutStore(AttentionConfig(heads, kv_heads, head_dim), capacity, RandomPages(kv_budget),
-                               block=block, q_block=max(rows, 1), attention="compiled", dtype=dtype, device=device)
+                               block=block, q_block=max(rows, 16), attention="compiled", dtype=dtype, device=device)
     g = torch.Generator(device=device).manual_seed(0)
     k = torch.randn(1, kv_heads, length, head_dim, generator=g, device=device, dtype=dtype)
     store.prepare(torch.arange(length, device=device))

@@ -74,7 +74,32 @@ def flex(query, key, value, block_mask, scale=None, compiled=False):
                 torch._dynamo.config.accumulated_cache_size_limit, 1024)
             _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
         fn = _COMPILED_FLEX
-    return fn(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=query.shape[1] != key.shape[1])
+    options = kernel_options(block_mask, query.device) if compiled else None
+    return fn(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=query.shape[1] != key.shape[1],
+              kernel_options=options)
+
+
+def kernel_options(block_mask, device) -> dict | None:
+    """Triton tile sizes that divide the BlockMask's (q, kv) block sizes, on a GPU. The compiled kernel's default
+    tiles (64-128) must divide them, and a block layout with small KV blocks (FAFO's store at block=16, notebook
+    05) otherwise fails to compile ("Q and KV block size must be divisible by BLOCK_M and BLOCK_N", seen on an
+    H100); None (the defaults) on a CPU and for the default 128 x 128 blocks."""
+    if device.type != "cuda" or block_mask is None:
+        return None
+    q_size, kv_size = block_mask.BLOCK_SIZE
+
+    def tile(size: int) -> int:  # the largest power of two <= 64 dividing size (Triton's dot needs >= 16)
+        tile = 64
+        while tile > 16 and size % tile:
+            tile //= 2
+        return tile
+
+    if q_size % 64 == 0 and kv_size % 64 == 0:
+        return None
+    if q_size % 16 or kv_size % 16:
+        raise ValueError(f"compiled flex_attention on a GPU needs block sizes that are multiples of 16, got "
+                         f"{q_size} x {kv_size}: build the BlockMask with larger blocks")
+    return {"BLOCK_M": tile(q_size), "BLOCK_N": tile(kv_size)}
 
 
 _PROBED: dict[tuple, str | None] = {}

@@ -95,8 +95,8 @@ def visible(sees: torch.Tensor, first_row: int, first_key: int, device=None) -> 
 
     def mask_mod(b, h, q_idx, kv_idx):
         q_idx, kv_idx = torch.as_tensor(q_idx), torch.as_tensor(kv_idx)
-        if padded_np is not None and q_idx.dim() == 2 and q_idx.shape[1] == 1 and kv_idx.dim() == 2 \
-                and kv_idx.shape[0] == 1:  # a dense (R, 1) x (1, K) grid on a CPU (the `dense` renderer)
+        if padded_np is not None and q_idx.device.type == "cpu" and q_idx.dim() == 2 and q_idx.shape[1] == 1 \
+                and kv_idx.dim() == 2 and kv_idx.shape[0] == 1:  # a dense (R, 1) x (1, K) grid on a CPU (the `dense` renderer)
             # numpy fancy indexing: one cheap call, where ~20 small torch ops each pay the dispatcher on a CPU
             row = (q_idx.numpy()[:, 0] - first_row).clip(0, rows - 1)
             col = kv_idx.numpy()[0] - first_key
@@ -105,7 +105,7 @@ def visible(sees: torch.Tensor, first_row: int, first_key: int, device=None) -> 
         row = (q_idx - first_row).clamp(0, rows - 1)
         col = (kv_idx - first_key).clamp(0, keys - 1)  # clamped: ignored outside the block
         inside = (kv_idx >= first_key) & (kv_idx < first_key + keys)
-        return inside & sees[row, col]
+        return inside & sees.to(q_idx.device)[row, col]  # a no-op where they share a device
     return mask_mod
 
 

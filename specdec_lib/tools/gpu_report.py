@@ -5,11 +5,16 @@ down with its error, and the next one runs):
 
 1. `choices`: the device, its compute capability, and what "auto" picks there (the dtype; FAFO's attention
    mode, probed for the tiny target's shapes), with why;
-2. `notebooks`: every notebook in full mode with the tiny pair (`MODELS = "tiny"`);
-3. `bench`: every method and peer on the code suite with the tiny pair (`BENCH_METHODS`);
-4. `flex_layout`: `bench.flex_layout`'s per-step costs from 1k to 64k cached tokens;
-5. `hub_shapes`: forward-cost curves of randomly initialised models shaped like the hub pair (`HUB_SHAPES`:
-   timing only, nothing is downloaded, so it runs on a GPU machine that reaches no hub).
+2. `overhead`: the loop's plain step against HF's greedy decoding, per prompt, at torch's default CPU threads and
+   at one (`step_overhead`), and one profiled run's operator table;
+3. `hub_shapes`: forward-cost curves of randomly initialised models shaped like the hub pair and the real pair's
+   target (`HUB_SHAPES`: timing only, nothing is downloaded, so it runs on a GPU machine that reaches no hub);
+4. `bench`: every method and peer on the code suite with the tiny pair (`BENCH_RUNS`: two interleaved runs, each
+   with the baselines, so a method that breaks on the device leaves the others' rows);
+5. `flex_layout`: `bench.flex_layout`'s per-step costs from 1k to 64k cached tokens;
+6. `notebooks`: every notebook in full mode with the tiny pair (`MODELS = "tiny"`).
+
+`--size lease` shrinks it to one device lease (10 minutes a command): 6 prompts once, notebook 05 only.
 
 Everything lands under `<out>/<device>/` (device: the GPU's name, e.g. `nvidia-h100-80gb-hbm3`): the executed
 notebooks and their pages, one CSV per step, `summary.json` and `summary.md` (one table of steps, then each
@@ -42,21 +47,33 @@ from ..bench.costs import forward_cost
 from ..mechanisms.attention import choose_attention
 from ..models import gpu_name, load_models, resolve_dtype, resolve_device
 
-BENCH_METHODS = ("hf,autoregressive,hf_prompt_lookup,hf_assisted,prompt_lookup,draft_model,cacheback,"
-                 "cacheback@tdl=96+crt=16,lookahead,fafo,card,card@mode=process,eagle").split(",")
+# Two interleaved runs, each with the baselines, so that a method that breaks on a new device (compiled FlexAttention,
+# a concurrent drafter) cannot take the other rows down with it; ratios are read within a run.
+BASELINES = ["hf", "autoregressive"]
+BENCH_RUNS = [BASELINES + "hf_prompt_lookup,hf_assisted,prompt_lookup,draft_model,cacheback,cacheback@tdl=96+crt=16,"
+                          "lookahead,eagle".split(","),
+              BASELINES + ["fafo", "card", "card@mode=process"]]
+BENCH_METHODS = BENCH_RUNS[0] + [m for run in BENCH_RUNS[1:] for m in run if m not in BASELINES]
 # CARD on one GPU: a second stream, or the CPU cores beside it (card@mode=process alone cannot draft on CUDA)
 GPU_CARD = ["card@mode=thread", "card@mode=thread+draft_device=cpu", "card@mode=process+draft_device=cpu"]
-# (name, Qwen2 config) of the hub pair (models.HUB_PAIR): Qwen2.5-1.5B and -0.5B's shapes, random weights
+# (name: (architecture, config)) with random weights: the hub pair's shapes (models.HUB_PAIR: Qwen2.5-1.5B and
+# -0.5B) and the real pair's target (SmolLM2-135M, whose 98 MB GGUF cannot travel to a GPU machine that reaches no
+# index): a forward's cost depends on the shapes, not on the weights
 HUB_SHAPES = {
-    "qwen2.5-1.5b-shape": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                               num_attention_heads=12, num_key_value_heads=2, vocab_size=151936),
-    "qwen2.5-0.5b-shape": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                               num_attention_heads=14, num_key_value_heads=2, vocab_size=151936),
+    "qwen2.5-1.5b-shape": ("qwen2", dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                         num_attention_heads=12, num_key_value_heads=2, vocab_size=151936)),
+    "qwen2.5-0.5b-shape": ("qwen2", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936)),
+    "smollm2-135m-shape": ("llama", dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152)),
 }
-FULL = dict(notebooks="*.ipynb", smoke=False, prompts=12, tokens=128, repeats=2,
+FULL = dict(overhead_prompts=3, overhead_tokens=64, notebooks="*.ipynb", smoke=False, prompts=12, tokens=128, repeats=2,
             layout=["--lengths", "1024", "4096", "16384", "65536", "--repeats", "20"],
             rows=(1, 2, 4, 8, 16, 32, 64, 128), prefix=1024, cost_repeats=15, shape_scale=1)
-DRY = dict(notebooks="01_*.ipynb", smoke=True, prompts=2, tokens=8, repeats=1,
+# what fits one lease of a GPU machine (a command runs 10 minutes at most): fewer prompts, one repeat, notebook 05
+LEASE = dict(FULL, notebooks="05_*.ipynb", prompts=6, repeats=1,
+             layout=["--lengths", "1024", "4096", "16384", "65536", "--repeats", "10"], cost_repeats=10)
+DRY = dict(overhead_prompts=1, overhead_tokens=8, notebooks="01_*.ipynb", smoke=True, prompts=2, tokens=8, repeats=1,
            layout=["--lengths", "256", "--rows", "4", "--kv-budget", "64", "--heads", "4", "--kv-heads", "2",
                    "--head-dim", "32", "--block", "32", "--repeats", "2", "--no-model"],
            rows=(1, 4), prefix=32, cost_repeats=2, shape_scale=16)
@@ -107,14 +124,71 @@ def step_notebooks(out: Path, device, dtype, size) -> pd.DataFrame:
 
 
 def step_bench(out: Path, device, dtype, size) -> pd.DataFrame:
+    """`BENCH_RUNS` one after the other on the code suite; the table holds each run's rows (its baselines once)."""
     pair = load_models("tiny", device=device, dtype=dtype)
-    methods = list(BENCH_METHODS)
-    if device.type == "cuda":
-        methods = [m for m in methods if m != "card@mode=process"] + GPU_CARD
-    runs = run_bench(pair, "code", methods, max_new_tokens=size["tokens"], repeats=size["repeats"],
-                     limit=size["prompts"], progress=False)
-    runs.to_csv(out / "bench_code_runs.csv", index=False)
-    return summarize(runs)
+    tables, every_runs = [], []
+    for number, methods in enumerate(BENCH_RUNS, start=1):
+        if number not in size.get("bench_runs", range(1, len(BENCH_RUNS) + 1)):
+            continue
+        if device.type == "cuda":
+            methods = [m for m in methods if m != "card@mode=process"]
+            methods += [m for m in GPU_CARD if m not in methods] if "card" in methods else []
+        try:
+            runs = run_bench(pair, "code", methods, max_new_tokens=size["tokens"], repeats=size["repeats"],
+                             limit=size["prompts"], progress=False)
+        except Exception as err:  # the next run still measures its methods
+            (out / f"bench_run{number}.error.txt").write_text(traceback.format_exc())
+            tables.append(pd.DataFrame([dict(method=m, run=number, error=f"{type(err).__name__}: {err}"[:300])
+                                        for m in methods if not every_runs or m not in BASELINES]))
+            continue
+        every_runs.append(runs.assign(run=number))
+        table = summarize(runs).assign(run=number)
+        tables.append(table if not every_runs[:-1] else table[~table.method.isin(BASELINES)])  # baselines once
+    if every_runs:
+        pd.concat(every_runs, ignore_index=True).to_csv(out / "bench_code_runs.csv", index=False)
+    return pd.concat(tables, ignore_index=True)
+
+
+def step_overhead(out: Path, device, dtype, size) -> pd.DataFrame:
+    """The loop's plain step against HF's greedy decoding, per prompt, alternated, under torch's default CPU threads
+    and under one thread; per-step times from the loop's records (verify_ms: forward + verdict + commit). On the
+    first H100 lease the loop's autoregressive ran at 0.22x HF's greedy on 5 of 6 prompts, yet at HF's speed on the
+    sixth and under cProfile (data/results/gpu/nvidia-h100-80gb-hbm3/README.md): this step says where the time goes.
+    One profiled run's operator table goes to overhead_profile.txt."""
+    import statistics
+
+    from ..bench.harness import load_suite
+    from ..decoding import generate
+
+    pair = load_models("tiny", device=device, dtype=dtype)
+    prompts = [pair.encode_prompt(p) for p in load_suite("code", size["overhead_prompts"])]
+    tokens, default_threads, rows = size["overhead_tokens"], torch.get_num_threads(), []
+    generate("hf", pair.target, prompts[0], 8)
+    generate("autoregressive", pair.target, prompts[0], 8)
+    for threads in (default_threads, 1):
+        torch.set_num_threads(threads)
+        try:
+            for i, ids in enumerate(prompts):
+                for repeat in range(2):
+                    for method in ("hf", "autoregressive") if repeat == 0 else ("autoregressive", "hf"):
+                        result = generate(method, pair.target, ids, tokens)
+                        steps = result.stats.get("steps") or []
+                        rows.append(dict(threads=threads, prompt=i, repeat=repeat, method=method,
+                                         ms_per_token=1e3 * result.wall_seconds / max(len(result.new_tokens), 1),
+                                         verify_ms_median=statistics.median(s["verify_ms"] for s in steps)
+                                         if steps else None,
+                                         verify_ms_max=max(s["verify_ms"] for s in steps) if steps else None,
+                                         draft_us_median=statistics.median(s["draft_us"] for s in steps)
+                                         if steps else None))
+        finally:
+            torch.set_num_threads(default_threads)
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        generate("autoregressive", pair.target, prompts[0], 16)
+    (out / "overhead_profile.txt").write_text(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    return pd.DataFrame(rows)
 
 
 def step_flex_layout(out: Path, device, dtype, size) -> pd.DataFrame:
@@ -125,14 +199,16 @@ def step_flex_layout(out: Path, device, dtype, size) -> pd.DataFrame:
 
 
 def step_hub_shapes(out: Path, device, dtype, size) -> pd.DataFrame:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+    classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
     curves = []
-    for name, shape in HUB_SHAPES.items():
+    for name, (arch, shape) in HUB_SHAPES.items():
+        config_class, model_class = classes[arch]
         torch.manual_seed(0)
         with torch.device(device):
-            model = Qwen2ForCausalLM(Qwen2Config(**scaled_shape(shape, size["shape_scale"]),
-                                                 tie_word_embeddings=True)).to(dtype).eval()
+            model = model_class(config_class(**scaled_shape(shape, size["shape_scale"]),
+                                             tie_word_embeddings=True)).to(dtype).eval()
         curves.append(forward_cost(model, rows=size["rows"], prefix=size["prefix"], repeats=size["cost_repeats"],
                                    warmup=1, name=name))
         del model
@@ -141,17 +217,22 @@ def step_hub_shapes(out: Path, device, dtype, size) -> pd.DataFrame:
     return pd.concat(curves, ignore_index=True)
 
 
-STEPS = {"choices": step_choices, "notebooks": step_notebooks, "bench": step_bench,
-         "flex_layout": step_flex_layout, "hub_shapes": step_hub_shapes}
+# cheapest and surest first: a lease that runs out skips the notebooks, not the tables
+STEPS = {"choices": step_choices, "overhead": step_overhead, "hub_shapes": step_hub_shapes, "bench": step_bench,
+         "flex_layout": step_flex_layout, "notebooks": step_notebooks}
 
 
-def run_report(out, dry: bool = False, dtype="auto", budget_s: float = 1200.0, steps=tuple(STEPS)) -> dict:
+SIZES = {"full": FULL, "lease": LEASE}
+
+
+def run_report(out, dry: bool = False, dtype="auto", budget_s: float = 1200.0, steps=tuple(STEPS),
+               size_name: str = "full", overrides: dict | None = None) -> dict:
     """Run `steps` into `out/<device>/`; returns the summary (also written as summary.json and summary.md)."""
     device = resolve_device("auto")
     if not dry and device.type != "cuda":
         raise RuntimeError("no CUDA device is visible: run on a GPU, or pass --dry (the CPU rehearsal)")
     dtype = resolve_dtype("bfloat16" if dry and dtype == "auto" else dtype, device)
-    size = DRY if dry else FULL
+    size = dict(DRY if dry else SIZES[size_name], **(overrides or {}))
     folder = Path(out) / device_slug(device, dry)
     folder.mkdir(parents=True, exist_ok=True)
     start, results, tables = time.perf_counter(), [], {}
@@ -208,13 +289,29 @@ def main(argv=None) -> int:
     parser.add_argument("--dry", action="store_true", help="the CPU rehearsal: every step shrunk, bf16 models")
     parser.add_argument("--dtype", default="auto", help="the models' dtype (auto: by capability; dry: bfloat16)")
     parser.add_argument("--budget-s", type=float, default=1200.0, help="skip the steps left after this many seconds")
+    parser.add_argument("--size", default="full", choices=sorted(SIZES),
+                        help="full: every notebook, 12 prompts x 2; lease: notebook 05, 6 prompts x 1 (10 minutes)")
+    parser.add_argument("--bench-runs", default=None, help="comma-separated numbers of BENCH_RUNS (default all)")
+    parser.add_argument("--prompts", type=int, default=None, help="the bench's prompts (default: the size's)")
+    parser.add_argument("--layout-lengths", type=int, nargs="+", default=None, help="flex_layout's context lengths")
     parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, from {list(STEPS)}")
     args = parser.parse_args(argv)
     steps = [s for s in args.steps.split(",") if s]
     unknown = sorted(set(steps) - set(STEPS))
     if unknown:
         parser.error(f"unknown steps {unknown}; choose from {list(STEPS)}")
-    summary = run_report(args.out, dry=args.dry, dtype=args.dtype, budget_s=args.budget_s, steps=steps)
+    overrides = {}
+    if args.bench_runs:
+        overrides["bench_runs"] = [int(n) for n in args.bench_runs.split(",")]
+    if args.prompts:
+        overrides["prompts"] = args.prompts
+    if args.layout_lengths:
+        layout = (DRY if args.dry else SIZES[args.size])["layout"]
+        rest = layout[layout.index("--lengths") + 1:]
+        rest = rest[next((i for i, a in enumerate(rest) if a.startswith("--")), len(rest)):]
+        overrides["layout"] = ["--lengths", *map(str, args.layout_lengths), *rest]
+    summary = run_report(args.out, dry=args.dry, dtype=args.dtype, budget_s=args.budget_s, steps=steps,
+                         size_name=args.size, overrides=overrides)
     return 0 if all(s["status"] == "ok" for s in summary["steps"]) else 1
 
 
