@@ -3,6 +3,7 @@ saved table without it, and run again when the saved table is another pair's or 
 from the run's numbers, and the ceiling on numbers typed into Markdown."""
 from __future__ import annotations
 
+import ast
 import json
 from types import SimpleNamespace
 
@@ -61,6 +62,9 @@ def test_a_claim_is_rendered_from_the_numbers_and_says_whether_it_held():
     assert held._repr_markdown_().endswith("*(held in this run)*") and held.numbers["s"] == speedup
     missed = notebook.claim("faster: {s:.2f}x", speedup > 2, s=speedup)
     assert not missed.held and "**(did not hold in this run)**" in missed.markdown()
+    explained = notebook.claim("faster: {s:.2f}x", speedup > 2, otherwise="one prompt in SMOKE", s=speedup)
+    assert explained.markdown().endswith("**(did not hold in this run: one prompt in SMOKE)**")
+    assert str(notebook.claim("{s}", True, otherwise="never shown", s=1)) == "1 (held in this run)"
     both = notebook.claims(held, missed)
     assert not both.held and both.markdown().count("\n- ") == 1 and both.markdown().startswith("- ")
     import numpy as np
@@ -91,3 +95,22 @@ def test_no_more_measured_numbers_typed_into_a_notebooks_markdown(path):
     cells = json.loads(path.read_text())["cells"]
     found = [hit for c in cells if c["cell_type"] == "markdown" for hit in typed_numbers("".join(c["source"]))]
     assert len(found) <= TYPED_CEILING.get(path.name[:2], 0), found
+
+
+def _undisplayed_figures(source: str) -> list[str]:
+    """The `save(...)` calls of a code cell whose figure is neither wrapped in display(...) nor the cell's value."""
+    lines = [line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))]  # IPython magics
+    body = ast.parse("\n".join(lines)).body
+    shown = {id(node.args[0]) for node in ast.walk(ast.Module(body=body, type_ignores=[]))
+             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "display" and node.args}
+    if body and isinstance(body[-1], ast.Expr):
+        shown.add(id(body[-1].value))  # the cell's last expression is displayed by Jupyter
+    return [ast.unparse(node)[:80] for node in ast.walk(ast.Module(body=body, type_ignores=[]))
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "save" and id(node) not in shown]
+
+
+@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.name[:2])
+def test_every_figure_is_displayed_where_it_is_built(path):
+    cells = json.loads(path.read_text())["cells"]
+    hidden = [hit for c in cells if c["cell_type"] == "code" for hit in _undisplayed_figures("".join(c["source"]))]
+    assert not hidden, f"figures saved but never shown (wrap them in display(...)): {hidden}"

@@ -36,20 +36,28 @@ class Claim:
     text: str
     held: bool
     numbers: dict = field(default_factory=dict)
+    otherwise: str = ""  # why it can fail to hold, shown only when it did not
+
+    def verdict(self) -> str:
+        if self.held:
+            return HELD
+        return f"{NOT_HELD}: {self.otherwise}" if self.otherwise else NOT_HELD
 
     def markdown(self) -> str:
-        return f"{self.text} *({HELD})*" if self.held else f"{self.text} **({NOT_HELD})**"
+        return f"{self.text} *({HELD})*" if self.held else f"{self.text} **({self.verdict()})**"
 
     def _repr_markdown_(self) -> str:  # Jupyter / Colab display
         return self.markdown()
 
     def __str__(self) -> str:
-        return f"{self.text} ({HELD if self.held else NOT_HELD})"
+        return f"{self.text} ({self.verdict()})"
 
 
-def claim(template: str, holds, **numbers) -> Claim:
+def claim(template: str, holds, otherwise: str = "", **numbers) -> Claim:
     """`template` formatted with `numbers` (format specs as in str.format), and whether it held: `holds`, a bool
-    computed from the same numbers (numpy bools too). A template naming a number not given is an error."""
+    computed from the same numbers (numpy bools too). A template naming a number not given is an error.
+    `otherwise`: why the expectation can fail (the run's size, the device, noise), shown after "did not hold in this
+    run:" when it did not, so that a reader is never left with an unexplained miss."""
     if not isinstance(template, str) or not template.strip():
         raise ValueError("a claim needs a sentence")
     try:
@@ -58,7 +66,7 @@ def claim(template: str, holds, **numbers) -> Claim:
         raise ValueError(f"the claim names {missing} but was not given it") from None
     if not hasattr(holds, "__bool__") or isinstance(holds, str):
         raise TypeError(f"holds must be a bool computed from the numbers, got {holds!r}")
-    return Claim(text, bool(holds), numbers)
+    return Claim(text, bool(holds), numbers, otherwise)
 
 
 @dataclass
