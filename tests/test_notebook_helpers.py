@@ -114,3 +114,17 @@ def test_every_figure_is_displayed_where_it_is_built(path):
     cells = json.loads(path.read_text())["cells"]
     hidden = [hit for c in cells if c["cell_type"] == "code" for hit in _undisplayed_figures("".join(c["source"]))]
     assert not hidden, f"figures saved but never shown (wrap them in display(...)): {hidden}"
+
+
+def test_quiet_progress_turns_every_bar_off_even_one_asked_for(monkeypatch, capsys):
+    from tqdm import std
+    from tqdm.auto import tqdm
+
+    monkeypatch.setattr(std.tqdm, "__init__", std.tqdm.__init__)  # restored after the test
+    assert not tqdm(range(2), disable=False).disable
+    capsys.readouterr()  # that bar's output
+    notebook.quiet_progress()
+    notebook.quiet_progress()  # idempotent: wrapped once
+    bar = tqdm(range(2), disable=False)
+    assert bar.disable and list(bar) == [0, 1]
+    assert "it/s" not in capsys.readouterr().err

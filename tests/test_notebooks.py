@@ -40,6 +40,9 @@ def test_notebook_runs_in_smoke_mode(path, smoke_workbook):
     outputs = [o for c in code for o in c.outputs if o.get("data")]
     for mime in (offline_views.PLOTLY_MIME, offline_views.WIDGET_VIEW_MIME):
         assert all("text/html" in o.data for o in outputs if mime in o.data), f"{mime} output without text/html"
+    # no progress bar (a tqdm widget frozen at 100 %, a "Generating train split" line) in a saved notebook
+    bars = [c.source[:60] for c in code for o in c.outputs if re.search(r"\d+(?:\.\d+)?\s?(?:it|examples)/s\]", str(o))]
+    assert not bars, f"progress bars captured in the outputs of: {bars}"
     assert run.html is not None and run.html.exists()
     page = run.html.read_text()
     remote = re.findall(r'<script[^>]*\bsrc="((?:https?:)?//[^"]*)"', page)

@@ -10,9 +10,31 @@ Simplifications: figures are saved as HTML with plotly.js from a CDN (small file
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from .claims import claim, claims  # noqa: F401  (re-exported: notebook.claim(...))
+
+
+EXECUTED = "SPECDEC_EXECUTED_NOTEBOOK"  # set by tools.run_notebooks for the kernels it starts
+
+
+def quiet_progress() -> None:
+    """Every tqdm bar from here on is disabled, also where a caller asks for one (`progress=True`): in a notebook
+    executed headless a bar is a widget frozen at 100 %, which a saved page shows as a stray snapshot. A live
+    session (JupyterLab, Colab) keeps its bars: banner() calls this only under run_notebooks."""
+    from tqdm import std
+
+    if getattr(std.tqdm.__init__, "_quiet", False):
+        return
+    init = std.tqdm.__init__
+
+    def quiet_init(self, *args, **kwargs):
+        kwargs["disable"] = True
+        init(self, *args, **kwargs)
+
+    quiet_init._quiet = True
+    std.tqdm.__init__ = quiet_init  # tqdm.auto / tqdm.notebook bars run through it too (their __init__ calls it)
 
 
 def banner() -> str:
@@ -23,6 +45,8 @@ def banner() -> str:
     import specdec_lib
 
     transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bars in the outputs
+    if os.environ.get(EXECUTED):  # run headless (make workbook, CI): a saved notebook shows no progress bar
+        quiet_progress()
     from specdec_lib.models import gpu_name, resolve_device
 
     found = resolve_device("auto")

@@ -29,6 +29,7 @@ What only this runner does:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from queue import Empty
@@ -37,7 +38,7 @@ from pathlib import Path
 
 import nbformat
 
-from specdec_lib.tools import offline_views
+from specdec_lib.tools import notebook as notebook_helpers, offline_views
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 INJECTED_TAG = "injected-parameters"
@@ -116,12 +117,19 @@ def run_notebook(path, out_dir, smoke: bool = False, timeout: int = 600, kernel_
     client.on_notebook_start = lambda notebook: _poll_shell_in_slices(client)
     error = None
     start = time.perf_counter()
+    before = os.environ.get(notebook_helpers.EXECUTED)
+    os.environ[notebook_helpers.EXECUTED] = "1"  # the kernel inherits it: notebook.banner() then turns bars off
     try:
         client.execute()
     except CellExecutionError as err:
         error = str(err)
     except Exception as err:  # kernel death, timeout, missing kernel: report it like a cell error
         error = f"{type(err).__name__}: {err}"
+    finally:
+        if before is None:
+            os.environ.pop(notebook_helpers.EXECUTED, None)
+        else:
+            os.environ[notebook_helpers.EXECUTED] = before
     seconds = time.perf_counter() - start
     stderr = stderr_outputs(nb)
     offline_views.add_static_fallbacks(nb)
