@@ -299,9 +299,10 @@ def test_side_rows_run_only_while_they_pay(method, knob):
 
 @pytest.mark.parametrize("mode", ["sync", "thread"])
 def test_card_drafts_only_while_it_beats_a_plain_step(mode):
-    """CARD's width="auto": a drafted step, as measured, against a plain one priced at the curve's t(1). A plain
-    step priced at a second: drafting always wins; at a nanosecond: it stops after the warm-up and the target
-    decodes plainly (probing now and then); the tokens are the target's either way."""
+    """CARD's width="auto": a drafted step, as measured, against a plain one priced at the curve's t(1) until a
+    plain step is measured. A plain step priced at a second: drafting always wins; at a nanosecond: it stops after
+    the warm-up and the target decodes plainly (probing now and then), its plain steps timed for the next probe;
+    the tokens are the target's either way."""
     target, draft = random_lm(seed=5, logit_scale=20.0), random_lm(seed=9, layers=1)
     ids = repeating_prompt(30, 5, target.config.vocab_size)
     reference = generate("hf", target, ids, 64).new_tokens
@@ -310,6 +311,7 @@ def test_card_drafts_only_while_it_beats_a_plain_step(mode):
     assert dear.new_tokens == cheap.new_tokens == reference
     assert dear.stats["plain_steps"] == 0 and dear.stats["config"]["width"] == "auto"
     assert cheap.stats["plain_steps"] > cheap.target_forwards / 3, cheap.stats["plain_steps"]
+    assert dear.stats["plain_step_ms"] is None and cheap.stats["plain_step_ms"] > 1e-3  # measured: not the curve's
     fixed = generate("card", target, ids, 64, draft=draft, mode=mode, width=8)
     assert fixed.new_tokens == reference and fixed.stats["plain_steps"] == 0 and "side_on_steps" not in fixed.stats
 

@@ -37,8 +37,10 @@ them). The width K stays fixed: it shapes the layers the drafter has already gro
 arrives, and the hit rate a different K would have had cannot be read off the step (its tree would differ).
 
 Drafting at all: `width="auto"` (the default) drafts with AUTO_WIDTH while that pays (budget.SideBudget): a step
-without the drafter is exactly a plain step (1 token for t(1), read off the target's cost curve), so every
-drafted step records what it yielded and what it took, against that. What a drafted step takes is MEASURED (from
+without the drafter is exactly a plain step, so every drafted step records what it yielded and what it took
+against one token for a plain step's time: as measured on this generation's own plain steps once there are some
+(their decayed mean: the loop's Python work and the verdict included), before that the cost curve's t(1), which
+prices the forward alone and so favours plain steps until one is measured. What a drafted step takes is MEASURED (from
 propose to observe, plus the last correction): the drafter's layers (sync mode), the tree's bookkeeping in Python
 and, in the concurrent modes, what the drafter beside it slows the target, none of which a curve of target
 forwards prices. When drafting loses, the target decodes plainly and the drafter is left as it is; every 64 steps
@@ -79,6 +81,7 @@ WAIT_S = 120.0  # the longest propose waits for the drafter / finish waits for t
 DRAFT_DEVICES = (None, "cpu")
 AUTO_WIDTH = 8  # width="auto": this width while drafting pays, else plain steps
 PROBE_STEPS, PROBE_EVERY = 6, 64  # width="auto": drafted steps judged at first and per probe; plain steps per probe
+PLAIN_DECAY = 0.9  # width="auto": the decayed mean of the measured plain steps' ms
 _DRAFT_COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # draft -> its CPU copy
 
 
@@ -141,7 +144,7 @@ class Card(Proposer):
             # the drafter (its catch-up and first layers are paid again): short warm-up and probes, rare probes
             self.side = SideBudget(self.budget.curve(req.target, reach(req)), context=len(committed),
                                    warmup=PROBE_STEPS, probe_len=PROBE_STEPS, probe_every=PROBE_EVERY)
-            self._t_propose, self._correct_ms = None, 0.0
+            self._t_propose, self._correct_ms, self._plain_ms = None, 0.0, None
         # On a CPU both sides share the cores: one intra-op thread each. A GPU target needs few CPU threads:
         # it keeps what it has and a CPU drafter gets as many.
         cpu_target, threads = self.target_device.type == "cpu", torch.get_num_threads()
@@ -203,12 +206,15 @@ class Card(Proposer):
         return Proposal(DraftTree.chain(state.committed[-1], chain), q=q, info=info)
 
     def observe(self, state: LoopState, verdict) -> None:
-        if verdict.proposal.carry.get("plain"):
+        if verdict.proposal.carry.get("plain"):  # a plain step, as measured: what drafted steps are judged against
+            took = 1e3 * (time.perf_counter() - self._t_propose)
+            self._plain_ms = took if self._plain_ms is None else PLAIN_DECAY * self._plain_ms + (1 - PLAIN_DECAY) * took
             return
         now = time.perf_counter()
-        if self.side is not None:  # this drafted step, as measured, against a plain one (1 token for t(1))
+        if self.side is not None:  # this drafted step, as measured, against a plain one (1 token)
             took = 1e3 * (now - self._t_propose) + self._correct_ms
-            self.side.record(len(verdict.emitted), took, 1.0, self.side.price(1))
+            plain_ms = self._plain_ms if self._plain_ms is not None else self.side.price(1)
+            self.side.record(len(verdict.emitted), took, 1.0, plain_ms)
         self.target_busy.append((self._t_query, now))
         hit = self.drafter.correct(state.committed) if self.correction else self._follow(state.committed)
         self._correct_ms = 1e3 * (time.perf_counter() - now)
@@ -232,6 +238,7 @@ class Card(Proposer):
                       draft_depth=self.draft_depth, correction=self.correction, query=self.query, draft_device=self.draft_device)
         out = dict(config=config, **self.budget.stats(), draft_layers=self.drafter.layers,
                    plain_steps=self.plain_steps, **(self.side.stats() if self.side is not None else {}),
+                   plain_step_ms=None if self.side is None or self._plain_ms is None else round(self._plain_ms, 3),
                    hits=self.hits, misses=self.misses,
                    hit_rate=self.hits / (self.hits + self.misses) if self.hits + self.misses else float("nan"))
         if self.mode != "sync":
