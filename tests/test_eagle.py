@@ -124,3 +124,9 @@ def test_the_heads_time_is_priced(tiny_pair64, tiny_pair):
              (("free", free), ("dear", dear))}
     assert sum(sizes["dear"]) < sum(sizes["free"]) and 0 in sizes["dear"], sizes
     assert dear.stats["head_ms"] == 100.0  # what one head forward was priced at
+    # the forwards a rung's drafting runs start at their bound, min(depth, rung), and move to what it ran: one
+    # catch-up forward plus one per further depth, so never outside [1, depth]
+    depth, est = free.stats["config"]["depth"], free.stats["head_forwards_est"]
+    prior = {b: min(depth, b) for b in est}
+    assert any(abs(est[b] - prior[b]) > 1e-6 for b in est), est
+    assert all(1.0 <= f <= depth for f in est.values()), est

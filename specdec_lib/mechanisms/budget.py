@@ -204,6 +204,11 @@ class TreeBudget:
         rows = [self.rows[i] / w if w > 0 else self.default_rows[i] + extra for i, w in enumerate(self.weight)]
         return tokens, [d + self.step_ms(r) for d, r in zip(self.draft, rows)]
 
+    def reprice(self, draft_ms: Callable[[int], float]) -> None:
+        """New drafting times per candidate, for a proposer that learns what its drafting costs (EAGLE's head)."""
+        self.draft_ms = draft_ms
+        self.draft = [float(draft_ms(b)) for b in self.candidates]
+
     def step_ms(self, rows: float) -> float:
         """ms of a step of `rows` full-context rows, plus the cheap rows every step pays (see the class doc)."""
         if not self.cheap_rows:

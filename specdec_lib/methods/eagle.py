@@ -31,12 +31,14 @@ budget would have yielded (its top b), so the counterfactuals cost nothing. Budg
 forward, and no counterfactual: the chooser's probe drafts again), taken where no tree pays.
 
 The head's time is priced too: one head forward (a row, and the target's LM head over its prediction) is timed
-here once per head and target (`head_ms=` injects it), and a budget b pays min(depth, b') of them, b' the next
-rung above b (the chooser also drafts that one, to learn its yield; a tree of b' nodes spans at most b' depths:
-the catch-up forward drafts depth 1, each further depth one forward).
+here once per head and target (`head_ms=` injects it), and a budget b pays the forwards that drafting b' runs, b'
+the next rung above b (the chooser also drafts that one, to learn its yield). Before b' has been drafted that is
+min(depth, b'), an upper bound (a tree of b' nodes spans at most b' depths: the catch-up forward drafts depth 1,
+each further depth one forward); each step that drafts b' then moves its estimate towards the forwards it ran
+(a bushy tree spans fewer depths, and an unsure head stops early), and the chooser is repriced.
 
-Simplifications: the head's price is an upper bound (a bushy tree spans fewer depths, and an unsure head stops
-early); the head reads normed features (eagle_head.py); sampling verifies the greedy top-k tree by the walk,
+Simplifications: one head forward's time is measured once (its rows vary little); the head reads normed features
+(eagle_head.py); sampling verifies the greedy top-k tree by the walk,
 not with EAGLE's recursive rejection sampling (lossless, a little lower acceptance); batch size 1.
 """
 from __future__ import annotations
@@ -53,6 +55,7 @@ from ..mechanisms.budget import Budget, TreeBudget
 from ..mechanisms.draft_tree import ROOT, DraftTree
 
 BUDGET_LADDER = (0, 1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # budget="auto" picks among these
+FORWARDS_RATE = 0.2  # budget="auto": how fast a rung's head-forward estimate moves to what drafting it ran
 _HEAD_MS: dict[tuple, float] = {}  # one head forward's ms, timed once per (head, target) in this process
 
 
@@ -120,11 +123,12 @@ class Eagle(Proposer):
         self.cache, self.exact = compat.new_dynamic_cache(head.config), 0
         self.pending: list[torch.Tensor] = []  # features (d,) of positions exact.. not yet fed to the head
         # never a plain step before any evidence (`first`): the chooser falls to 0 only after probe_every steps
-        draft_ms = self.head_price = None
+        draft_ms = self.head_price = self.draft_ms = None
         if self.budget.auto:  # a budget b pays the head forwards of the next rung above it (the module doc)
             ms = self.head_price = self.head_ms if self.head_ms is not None else head_forward_ms(head, req.target)
             above = {b: BUDGET_LADDER[min(i + 1, len(BUDGET_LADDER) - 1)] for i, b in enumerate(BUDGET_LADDER)}
-            draft_ms = lambda b: ms * min(self.depth, above[b]) if b else 0.0  # noqa: E731
+            self.forwards = {b: float(min(self.depth, b)) for b in BUDGET_LADDER}  # per drafted rung: the prior
+            draft_ms = self.draft_ms = lambda b: ms * self.forwards[above[b]] if b else 0.0  # noqa: E731
         self.budget.start(req, lambda curve: TreeBudget(curve, BUDGET_LADDER, context=len(state.committed), first=1,
                                                         draft_ms=draft_ms))
         self.head_forwards = self.head_rows = 0
@@ -226,7 +230,12 @@ class Eagle(Proposer):
         if budget == 0:  # a plain step: no head forward, so no counterfactual either (the chooser probes later)
             return Proposal(DraftTree(root), info=self.budget.info(0), features=True)
         most = max([budget, *self.budget.others])  # one ranked list answers every candidate
+        before = self.head_forwards
         nodes = self._draft(state.committed, max_depth, most)
+        if self.head_price is not None and most in self.forwards and max_depth >= self.depth:
+            # what drafting `most` really ran (a step cut short by max_new_tokens would under-count it)
+            self.forwards[most] += FORWARDS_RATE * (self.head_forwards - before - self.forwards[most])
+            self.budget.chooser.reprice(self.draft_ms)
         carry = self.budget.carry(lambda b: self._tree(root, nodes, b))
         return Proposal(self._tree(root, nodes, budget), info=self.budget.info(budget), carry=carry, features=True)
 
@@ -241,5 +250,7 @@ class Eagle(Proposer):
 
     def stats(self) -> dict:
         return dict(config=dict(budget=self.budget.value, topk=self.topk, depth=self.depth), **self.budget.stats(),
-                    **({"head_ms": round(self.head_price, 3)} if self.head_price is not None else {}),
+                    **({"head_ms": round(self.head_price, 3),
+                        "head_forwards_est": {b: round(f, 2) for b, f in self.forwards.items() if b}}
+                       if self.head_price is not None else {}),
                     head_forwards=self.head_forwards, head_rows=self.head_rows)
