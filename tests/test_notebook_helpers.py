@@ -128,3 +128,13 @@ def test_quiet_progress_turns_every_bar_off_even_one_asked_for(monkeypatch, caps
     bar = tqdm(range(2), disable=False)
     assert bar.disable and list(bar) == [0, 1]
     assert "it/s" not in capsys.readouterr().err
+
+
+def test_an_exercise_answer_is_checked_against_this_runs_value():
+    assert "no answer yet" in notebook.check_answer("alpha", None, 0.7).markdown()
+    right = notebook.check_answer("alpha", 0.71, 0.7)
+    assert right.right and "right" in str(right)
+    high, low = notebook.check_answer("alpha", 0.9, 0.7), notebook.check_answer("alpha", 0.5, 0.7, rel_tol=0.1)
+    assert not high.right and "too high" in high.markdown() and "too low" in low._repr_markdown_()
+    with pytest.raises(ValueError, match="no value"):
+        notebook.check_answer("alpha", 0.5, float("nan"))

@@ -125,3 +125,31 @@ def saved_name(name: str, pair) -> str:
 
 def _settings_text(settings: dict | None) -> str:
     return ", ".join(f"{key} {value}" for key, value in (settings or {}).items()) or "default settings"
+
+
+class AnswerCheck:
+    """An exercise's answer against the value this run computes (`check_answer`); renders as one Markdown line."""
+
+    def __init__(self, what: str, answer, expected: float, rel_tol: float):
+        self.what, self.answer, self.expected, self.rel_tol = what, answer, float(expected), rel_tol
+        self.right = answer is not None and abs(float(answer) - self.expected) <= rel_tol * abs(self.expected)
+
+    def markdown(self) -> str:
+        if self.answer is None:
+            return f"{self.what}: no answer yet (set it above and run the cell again)"
+        if self.right:
+            return f"{self.what}: {float(self.answer):.3g}, right (this run: {self.expected:.3g})"
+        hint = "too high" if float(self.answer) > self.expected else "too low"
+        return f"{self.what}: {float(self.answer):.3g} is {hint}; try again (or open the solution cell above)"
+
+    _repr_markdown_ = markdown
+
+    def __str__(self) -> str:
+        return self.markdown()
+
+
+def check_answer(what: str, answer, expected: float, rel_tol: float = 0.05) -> AnswerCheck:
+    """An exercise's `answer` (None: not answered yet) against `expected`, this run's value, within `rel_tol`."""
+    if expected is None or expected != expected:
+        raise ValueError(f"no value to check {what!r} against in this run")
+    return AnswerCheck(what, answer, expected, rel_tol)
