@@ -156,7 +156,7 @@ class CardTree(ScoredTree):
         c, n = len(self.ctx), len(self.tokens)
         anc = masks.ancestor_matrix(self.parents)[1:, 1:]  # (n, n) node rows x node columns
         sees = anc[self.fed:n, :n]  # the frontier is the unfed suffix: rows fed..n-1 see keys c..c+n-1
-        mod = masks.or_masks(masks.prefix(c), masks.visible(sees, 0, c))
+        mod = masks.or_masks(masks.prefix(c), masks.visible(sees, 0, c, self.device))  # the block where it is read
         root_pos = len(self.committed) - 1
         return dict(kind="frontier", rows=list(rows), start=start,
                     ids=torch.tensor([[self.tokens[i] for i in rows]], device=self.device),

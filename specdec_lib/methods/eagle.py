@@ -123,14 +123,14 @@ class Eagle(Proposer):
         self.cache, self.exact = compat.new_dynamic_cache(head.config), 0
         self.pending: list[torch.Tensor] = []  # features (d,) of positions exact.. not yet fed to the head
         # never a plain step before any evidence (`first`): the chooser falls to 0 only after probe_every steps
-        draft_ms = self.head_price = self.draft_ms = None
+        self.head_price = self.draft_ms = None
         if self.budget.auto:  # a budget b pays the head forwards of the next rung above it (the module doc)
             ms = self.head_price = self.head_ms if self.head_ms is not None else head_forward_ms(head, req.target)
             above = {b: BUDGET_LADDER[min(i + 1, len(BUDGET_LADDER) - 1)] for i, b in enumerate(BUDGET_LADDER)}
             self.forwards = {b: float(min(self.depth, b)) for b in BUDGET_LADDER}  # per drafted rung: the prior
-            draft_ms = self.draft_ms = lambda b: ms * self.forwards[above[b]] if b else 0.0  # noqa: E731
+            self.draft_ms = lambda b: ms * self.forwards[above[b]] if b else 0.0  # noqa: E731
         self.budget.start(req, lambda curve: TreeBudget(curve, BUDGET_LADDER, context=len(state.committed), first=1,
-                                                        draft_ms=draft_ms))
+                                                        draft_ms=self.draft_ms))
         self.head_forwards = self.head_rows = 0
 
     def _head(self, feats: torch.Tensor, tokens: list[int], positions: list[int], sees: torch.Tensor):
@@ -232,7 +232,7 @@ class Eagle(Proposer):
         most = max([budget, *self.budget.others])  # one ranked list answers every candidate
         before = self.head_forwards
         nodes = self._draft(state.committed, max_depth, most)
-        if self.head_price is not None and most in self.forwards and max_depth >= self.depth:
+        if self.head_price is not None and max_depth >= self.depth:  # `most` is a rung of the ladder
             # what drafting `most` really ran (a step cut short by max_new_tokens would under-count it)
             self.forwards[most] += FORWARDS_RATE * (self.head_forwards - before - self.forwards[most])
             self.budget.chooser.reprice(self.draft_ms)

@@ -68,13 +68,12 @@ HUB_SHAPES = {
                                          num_attention_heads=9, num_key_value_heads=3, vocab_size=49152)),
 }
 FULL = dict(overhead_prompts=3, overhead_tokens=64, notebooks="*.ipynb", smoke=False, prompts=12, tokens=128, repeats=2,
-            layout=["--lengths", "1024", "4096", "16384", "65536", "--repeats", "20"],
+            layout_lengths=[1024, 4096, 16384, 65536], layout=["--repeats", "20"],
             rows=(1, 2, 4, 8, 16, 32, 64, 128), prefix=1024, cost_repeats=15, shape_scale=1)
 # what fits one lease of a GPU machine (a command runs 10 minutes at most): fewer prompts, one repeat, notebook 05
-LEASE = dict(FULL, notebooks="05_*.ipynb", prompts=6, repeats=1,
-             layout=["--lengths", "1024", "4096", "16384", "65536", "--repeats", "10"], cost_repeats=10)
+LEASE = dict(FULL, notebooks="05_*.ipynb", prompts=6, repeats=1, layout=["--repeats", "10"], cost_repeats=10)
 DRY = dict(overhead_prompts=1, overhead_tokens=8, notebooks="01_*.ipynb", smoke=True, prompts=2, tokens=8, repeats=1,
-           layout=["--lengths", "256", "--rows", "4", "--kv-budget", "64", "--heads", "4", "--kv-heads", "2",
+           layout_lengths=[256], layout=["--rows", "4", "--kv-budget", "64", "--heads", "4", "--kv-heads", "2",
                    "--head-dim", "32", "--block", "32", "--repeats", "2", "--no-model"],
            rows=(1, 4), prefix=32, cost_repeats=2, shape_scale=16)
 
@@ -172,12 +171,12 @@ def step_overhead(out: Path, device, dtype, size) -> pd.DataFrame:
                 for repeat in range(2):
                     for method in ("hf", "autoregressive") if repeat == 0 else ("autoregressive", "hf"):
                         result = generate(method, pair.target, ids, tokens)
-                        steps = result.stats.get("steps") or []
+                        steps = result.stats.get("steps") or []  # HF's greedy records none
+                        verify = [s["verify_ms"] for s in steps]
                         rows.append(dict(threads=threads, prompt=i, repeat=repeat, method=method,
                                          ms_per_token=1e3 * result.wall_seconds / max(len(result.new_tokens), 1),
-                                         verify_ms_median=statistics.median(s["verify_ms"] for s in steps)
-                                         if steps else None,
-                                         verify_ms_max=max(s["verify_ms"] for s in steps) if steps else None,
+                                         verify_ms_median=statistics.median(verify) if steps else None,
+                                         verify_ms_max=max(verify) if steps else None,
                                          draft_us_median=statistics.median(s["draft_us"] for s in steps)
                                          if steps else None))
         finally:
@@ -194,8 +193,8 @@ def step_overhead(out: Path, device, dtype, size) -> pd.DataFrame:
 def step_flex_layout(out: Path, device, dtype, size) -> pd.DataFrame:
     from ..bench import flex_layout
 
-    return flex_layout.main(size["layout"] + ["--dtype", str(dtype).removeprefix("torch."),
-                                               "--out", str(out / "flex_layout.csv")])
+    return flex_layout.main(["--lengths", *map(str, size["layout_lengths"]), *size["layout"],
+                             "--dtype", str(dtype).removeprefix("torch."), "--out", str(out / "flex_layout.csv")])
 
 
 def step_hub_shapes(out: Path, device, dtype, size) -> pd.DataFrame:
@@ -306,10 +305,7 @@ def main(argv=None) -> int:
     if args.prompts:
         overrides["prompts"] = args.prompts
     if args.layout_lengths:
-        layout = (DRY if args.dry else SIZES[args.size])["layout"]
-        rest = layout[layout.index("--lengths") + 1:]
-        rest = rest[next((i for i, a in enumerate(rest) if a.startswith("--")), len(rest)):]
-        overrides["layout"] = ["--lengths", *map(str, args.layout_lengths), *rest]
+        overrides["layout_lengths"] = args.layout_lengths
     summary = run_report(args.out, dry=args.dry, dtype=args.dtype, budget_s=args.budget_s, steps=steps,
                          size_name=args.size, overrides=overrides)
     return 0 if all(s["status"] == "ok" for s in summary["steps"]) else 1
