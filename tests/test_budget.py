@@ -280,6 +280,35 @@ def test_side_rows_stop_where_they_do_not_pay_and_are_probed_again():
     assert B.text_tree_yield(DraftTree.chain(0, [5, 6]), [5, 6]) == 3.5  # censored: + half a token
 
 
+def test_trying_side_rows_costs_a_bounded_share_of_the_time():
+    """SideBudget's trials (the warm-up, each probe) may lose `explore` x the plain time they are set against:
+    side rows that double a step's time and yield nothing are off after the first step of a 20-token
+    generation (allowance 0.03 x 20 x 10 ms = 6 ms), where the unbounded warm-up would have run 12 steps; the next probe waits
+    until 3 % of the off steps' plain time covers a probe's loss, and a probe that pays keeps them on."""
+    loses = (1.0, 20.0, 1.0, 10.0)  # 10 ms lost per step; a plain step is 10 ms a token
+    pays = (3.0, 12.0, 1.0, 10.0)
+    side = B.SideBudget(FLAT, probe_len=3, warmup=12, horizon=20, explore=0.03)
+    assert side.choose()
+    side.record(*loses)
+    assert not side.choose() and side.stats()["side_trials_cut"] == 1 and side.lost() == pytest.approx(10.0)
+    # a probe loses up to 3 steps x 10 ms: it waits until 3 % of the off steps' plain time covers 30 ms: 100 steps
+    offs = 1
+    while not side.choose():
+        offs += 1
+    assert offs == 99  # 99 plain steps, the 100th probes
+    for _ in range(3):  # this probe pays: judged after its probe_len steps, on
+        side.record(*pays)
+        assert side.choose()
+    unbounded = B.SideBudget(FLAT, probe_len=3, warmup=12, explore=None, horizon=20)
+    runs = 0
+    while unbounded.choose() and runs < 50:
+        unbounded.record(*loses)
+        runs += 1
+    assert runs == 12  # the whole warm-up, then off
+    with pytest.raises(ValueError, match="explore"):
+        B.SideBudget(FLAT, explore=1.5)
+
+
 @pytest.mark.parametrize("method, knob", [("lookahead", "window"), ("fafo", "streams")])
 def test_side_rows_run_only_while_they_pay(method, knob):
     """Lookahead's window and FAFO's streams, "auto", the text's n-grams left out of the pool (so a step without

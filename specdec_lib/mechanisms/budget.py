@@ -28,8 +28,9 @@ Two estimators of E[tokens | b]:
   yielded (`tree_yield`: the emitted path is fixed, so a tree that leaves it at position j yields j + 1),
   exactly, or as a lower bound when a larger tree holds the whole path; every `probe_every` steps the next
   larger candidate is verified instead (a deterministic probe, no coin).
-- `SideBudget` (rows that draft nothing themselves but feed a pool: Lookahead's window, FAFO's streams): on
-  or off, from what each step yields against what the text's own guesses would have yielded without them.
+- `SideBudget` (rows that draft nothing themselves but feed a pool: Lookahead's window, FAFO's streams; CARD's
+  drafting at all): on or off, from what each step yields against what the text's own guesses would have yielded
+  without them, its trials (warm-up, probes) bounded to a share of the time (`explore`).
 - `Budget`: what a method holds (check, start, choose, record, stats, info): the int the user gave, honoured
   exactly, or "auto" and a chooser built at the generation's start; each step's choice and its expected gain
   over a plain step go into the step records ("draft_size", "expected_gain").
@@ -51,6 +52,7 @@ from ..checks import check_int
 from .cost_curve import reach, resolve_curve
 
 AUTO = "auto"
+EXPLORE_SHARE = 0.03  # SideBudget: the share of the time its trials (warm-up, probes) may lose
 
 def is_auto(value) -> bool:
     return isinstance(value, str) and value == AUTO
@@ -326,19 +328,40 @@ class SideBudget:
         decayed sum(tokens on) / sum(ms on)  >=  decayed sum(tokens off) / sum(ms off),
 
     decided every step from the `warmup`-th on (the window fills its levels first). Once off, the side rows are
-    not run (a plain step, or text guesses only) and, every `probe_every` steps, switched on for `probe_len`
-    steps to look again; the sums decay on the off steps too, so a probe judges the text as it is now."""
+    not run (a plain step, or text guesses only) and, after `probe_every` steps, switched on for `probe_len`
+    steps to look again; the sums decay on the off steps too, so a probe judges the text as it is now.
+
+    What trying costs is bounded (`explore`, a share of the time): a trial (the warm-up, a probe) LOSES the ms
+    its steps took beyond what the steps without the side rows would have taken for the same tokens,
+
+        lost = sum(ms on) - sum(tokens on) x sum(ms off) / sum(tokens off)     (this trial's steps, undecayed),
+
+    and ends, off, as soon as that passes its allowance: `explore` x the plain time of the `horizon` tokens the
+    generation makes (the warm-up; none given: no allowance), or `explore` x the plain time of the steps run
+    off since the last trial (a probe). The next probe waits until that allowance covers what the last trial
+    lost per step x `probe_len`. Where a side row costs as much as a whole plain step (FAFO's 60 fumble rows on
+    a real model on a CPU), the warm-up ends after a step or two and probes are rare; where side rows are
+    nearly free, nothing changes."""
 
     def __init__(self, costs, context: int = 0, cheap_context: int | None = None, probe_every: int = 48,
-                 probe_len: int = 12, warmup: int = 12, decay: float = 0.97):
+                 probe_len: int = 12, warmup: int = 12, decay: float = 0.97, horizon: int | None = None,
+                 explore: float | None = EXPLORE_SHARE):
         self.costs, self.curve = costs, costs.at(context)
         self.cheap = None if cheap_context is None else costs.at(cheap_context)
         self.probe_every = check_int("probe_every", probe_every, 1)
         self.probe_len = check_int("probe_len", probe_len, 1)
-        self.warmup, self.decay = warmup, decay
+        if explore is not None and not 0 < explore < 1:
+            raise ValueError(f"explore is a share of the time, in (0, 1), or None; got {explore!r}")
+        self.warmup, self.decay, self.explore = warmup, decay, explore
+        self.horizon = None if horizon is None else check_int("horizon", horizon, 1)
         self.on, self.steps, self.off_run, self.probe_left = True, 0, 0, 0
         self.sums = [0.0, 0.0, 0.0, 0.0]  # tokens on, ms on, tokens off, ms off
         self.on_steps = 0  # steps run with the side rows
+        self.trial = [0.0, 0.0, 0.0, 0.0]  # the same sums over this trial's steps, undecayed
+        self.trial_steps, self.in_trial, self.allowance = 0, True, None  # the warm-up is the first trial
+        self.next_probe = probe_every  # off steps before the next probe
+        self.plain_ms = None  # ms of a step without the side rows, over the last trial
+        self.cut_short = 0  # trials ended by their allowance
 
     def choose(self, context: int | None = None) -> bool:
         """Run the side rows this step? (the curve read at `context` tokens)."""
@@ -348,10 +371,16 @@ class SideBudget:
         if not self.on:
             self.sums = [self.decay * x for x in self.sums]
             self.off_run += 1
-            if self.off_run % self.probe_every == 0:
+            if self.off_run >= self.next_probe:
                 self.on, self.probe_left = True, self.probe_len
+                self._start_trial(self.off_run)
         self.on_steps += self.on
         return self.on
+
+    def _start_trial(self, off_steps: int) -> None:
+        self.trial, self.trial_steps, self.in_trial = [0.0, 0.0, 0.0, 0.0], 0, True
+        self.allowance = (None if self.explore is None or self.plain_ms is None
+                          else self.explore * off_steps * self.plain_ms)
 
     def price(self, rows: int, cheap_rows: int = 0) -> float:
         """ms of a step of `rows` full rows plus `cheap_rows` rows that read the compressed KV only."""
@@ -365,13 +394,45 @@ class SideBudget:
         self.sums = [self.decay * x for x in self.sums]
         for i, x in enumerate((tokens, ms, plain_tokens, plain_ms)):
             self.sums[i] += x
+            self.trial[i] += x
+        self.trial_steps += 1
+        if self.in_trial and self._over_allowance():  # trying costs more than it may: off now
+            self.cut_short += 1
+            self._off()
+            return
         if self.probe_left:
             self.probe_left -= 1
             if self.probe_left:
                 return
         if self.on_steps >= self.warmup:
             self.on = self.sums[0] * self.sums[3] >= self.sums[2] * self.sums[1]
-            self.off_run = 0
+            if self.on:
+                self.in_trial = False  # it pays: no longer a trial
+            else:
+                self._off()
+
+    def lost(self) -> float:
+        """ms this trial's steps took beyond the steps without the side rows, for the same tokens."""
+        tokens, ms, plain_tokens, plain_ms = self.trial
+        return ms - tokens * plain_ms / plain_tokens if plain_tokens else 0.0
+
+    def _over_allowance(self) -> bool:
+        if self.explore is None:
+            return False
+        if self.allowance is None and self.horizon is not None and self.trial[2]:  # the warm-up's
+            self.allowance = self.explore * self.horizon * self.trial[3] / self.trial[2]
+        return self.allowance is not None and self.lost() > self.allowance
+
+    def _off(self) -> None:
+        """Switch the side rows off; the next probe when the plain steps' allowance covers what a probe loses."""
+        self.on, self.off_run, self.probe_left, self.in_trial = False, 0, 0, False
+        if self.trial_steps:
+            self.plain_ms = self.trial[3] / self.trial_steps
+        self.next_probe = self.probe_every
+        if self.explore is not None and self.plain_ms:
+            per_step = max(0.0, self.lost()) / max(1, self.trial_steps)
+            self.next_probe = max(self.probe_every,
+                                  int(np.ceil(self.probe_len * per_step / (self.explore * self.plain_ms))))
 
     @property
     def gain(self) -> float | None:
@@ -381,7 +442,8 @@ class SideBudget:
         return (self.sums[0] / self.sums[1]) / (self.sums[2] / self.sums[3])
 
     def stats(self) -> dict:
-        return dict(side_on_steps=self.on_steps, side_gain=None if self.gain is None else round(self.gain, 3))
+        return dict(side_on_steps=self.on_steps, side_gain=None if self.gain is None else round(self.gain, 3),
+                    side_trials_cut=self.cut_short)
 
 
 def text_tree_yield(tree, emitted) -> float:

@@ -143,7 +143,8 @@ class Card(Proposer):
             # a drafted step's verdict is clear after a few steps (no window to fill first), and each probe restarts
             # the drafter (its catch-up and first layers are paid again): short warm-up and probes, rare probes
             self.side = SideBudget(self.budget.curve(req.target, reach(req)), context=len(committed),
-                                   warmup=PROBE_STEPS, probe_len=PROBE_STEPS, probe_every=PROBE_EVERY)
+                                   warmup=PROBE_STEPS, probe_len=PROBE_STEPS, probe_every=PROBE_EVERY,
+                                   horizon=req.max_new_tokens)
             self._t_propose, self._correct_ms, self._plain_ms = None, 0.0, None
         # On a CPU both sides share the cores: one intra-op thread each. A GPU target needs few CPU threads:
         # it keeps what it has and a CPU drafter gets as many.

@@ -30,12 +30,14 @@ TreeBudget (mechanisms/budget.py) from the ladder BUDGET_LADDER; the same ranked
 budget would have yielded (its top b), so the counterfactuals cost nothing. Budget 0 is a plain step (no head
 forward, and no counterfactual: the chooser's probe drafts again), taken where no tree pays.
 
-The head's time is priced too: one head forward (a row, and the target's LM head over its prediction) is timed
-here once per head and target (`head_ms=` injects it), and a budget b pays the forwards that drafting b' runs, b'
-the next rung above b (the chooser also drafts that one, to learn its yield). Before b' has been drafted that is
-min(depth, b'), an upper bound (a tree of b' nodes spans at most b' depths: the catch-up forward drafts depth 1,
-each further depth one forward); each step that drafts b' then moves its estimate towards the forwards it ran
-(a bushy tree spans fewer depths, and an unsure head stops early), and the chooser is repriced.
+The drafting is priced too: a budget b pays what drafting b' takes, b' the next rung above b (the chooser also
+drafts that one, to learn its yield). Before b' has been drafted that is min(depth, b') head forwards (an upper
+bound: a tree of b' nodes spans at most b' depths; the catch-up forward drafts depth 1, each further depth one
+forward), one head forward (a row, and the target's LM head over its prediction) timed here once per head and
+target (`head_ms=` injects it, and then the forwards are priced at it instead of timed); each step that drafts b' then moves its estimate towards the ms that step's
+drafting really took, as measured (a bushy tree spans fewer depths, an unsure head stops early, and the Python
+work of growing, ranking and cutting the trees is paid too: on the tiny pair it is as much as the forwards), and
+the chooser is repriced.
 
 Simplifications: one head forward's time is measured once (its rows vary little); the head reads normed features
 (eagle_head.py); sampling verifies the greedy top-k tree by the walk,
@@ -55,7 +57,7 @@ from ..mechanisms.budget import Budget, TreeBudget
 from ..mechanisms.draft_tree import ROOT, DraftTree
 
 BUDGET_LADDER = (0, 1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # budget="auto" picks among these
-FORWARDS_RATE = 0.2  # budget="auto": how fast a rung's head-forward estimate moves to what drafting it ran
+DRAFT_MS_RATE = 0.2  # budget="auto": how fast a rung's drafting-ms estimate moves to what drafting it took
 _HEAD_MS: dict[tuple, float] = {}  # one head forward's ms, timed once per (head, target) in this process
 
 
@@ -127,8 +129,9 @@ class Eagle(Proposer):
         if self.budget.auto:  # a budget b pays the head forwards of the next rung above it (the module doc)
             ms = self.head_price = self.head_ms if self.head_ms is not None else head_forward_ms(head, req.target)
             above = {b: BUDGET_LADDER[min(i + 1, len(BUDGET_LADDER) - 1)] for i, b in enumerate(BUDGET_LADDER)}
-            self.forwards = {b: float(min(self.depth, b)) for b in BUDGET_LADDER}  # per drafted rung: the prior
-            self.draft_ms = lambda b: ms * self.forwards[above[b]] if b else 0.0  # noqa: E731
+            # per drafted rung, its ms: the prior min(depth, b) head forwards, then as measured
+            self.spent = {b: ms * min(self.depth, b) for b in BUDGET_LADDER}
+            self.draft_ms = lambda b: self.spent[above[b]] if b else 0.0  # noqa: E731
         self.budget.start(req, lambda curve: TreeBudget(curve, BUDGET_LADDER, context=len(state.committed), first=1,
                                                         draft_ms=self.draft_ms))
         self.head_forwards = self.head_rows = 0
@@ -230,14 +233,18 @@ class Eagle(Proposer):
         if budget == 0:  # a plain step: no head forward, so no counterfactual either (the chooser probes later)
             return Proposal(DraftTree(root), info=self.budget.info(0), features=True)
         most = max([budget, *self.budget.others])  # one ranked list answers every candidate
-        before = self.head_forwards
-        nodes = self._draft(state.committed, max_depth, most)
-        if self.head_price is not None and max_depth >= self.depth:  # `most` is a rung of the ladder
-            # what drafting `most` really ran (a step cut short by max_new_tokens would under-count it)
-            self.forwards[most] += FORWARDS_RATE * (self.head_forwards - before - self.forwards[most])
-            self.budget.chooser.reprice(self.draft_ms)
+        start, before = time.perf_counter(), self.head_forwards
+        nodes = self._draft(state.committed, max_depth, most)  # its .tolist() calls wait for a GPU's kernels
         carry = self.budget.carry(lambda b: self._tree(root, nodes, b))
-        return Proposal(self._tree(root, nodes, budget), info=self.budget.info(budget), carry=carry, features=True)
+        tree = self._tree(root, nodes, budget)
+        if self.head_price is not None and max_depth >= self.depth:  # `most` is a rung of the ladder
+            # what drafting `most` really took (a step cut short by max_new_tokens would under-count it); with
+            # head_ms injected, its forwards at that price (no clock: a test's choices are the same every run)
+            took = (1e3 * (time.perf_counter() - start) if self.head_ms is None
+                    else self.head_ms * (self.head_forwards - before))
+            self.spent[most] += DRAFT_MS_RATE * (took - self.spent[most])
+            self.budget.chooser.reprice(self.draft_ms)
+        return Proposal(tree, info=self.budget.info(budget), carry=carry, features=True)
 
     def observe(self, state: LoopState, verdict) -> None:
         rows = verdict.logits  # RowLogits: row 0 the root, row i + 1 node i
@@ -251,6 +258,6 @@ class Eagle(Proposer):
     def stats(self) -> dict:
         return dict(config=dict(budget=self.budget.value, topk=self.topk, depth=self.depth), **self.budget.stats(),
                     **({"head_ms": round(self.head_price, 3),
-                        "head_forwards_est": {b: round(f, 2) for b, f in self.forwards.items() if b}}
+                        "draft_ms_est": {b: round(ms, 2) for b, ms in self.spent.items() if b}}
                        if self.head_price is not None else {}),
                     head_forwards=self.head_forwards, head_rows=self.head_rows)

@@ -40,8 +40,9 @@ fumble rows' layout.
 Lookahead's window="auto"): a second pool fed by the text alone gives, every step, the find-out tree the method
 would have verified without the fumble rows and what it would have yielded on the emitted path; when the steps
 with the streams make fewer tokens per ms than that, the streams stop (they wait as they are: a step is the
-text's candidates only, or plain decoding when there are none or the budget picks 0) and are tried again every
-48 steps. With fused=False the fumble forward is priced as its cheap rows in the verifying forward.
+text's candidates only, or plain decoding when there are none or the budget picks 0) and are tried again after
+48 steps or more (trying costs at most 3 % of the time: SideBudget's `explore`; on a real model on a CPU, where
+the 60 fumble rows cost as much as a plain step, the warm-up ends after a step or two). With fused=False the fumble forward is priced as its cheap rows in the verifying forward.
 
 `from_text=True` (the default) also caches every k-token run of the prompt and of the emitted text under the k
 tokens before it, as our Lookahead's `from_text` (its reference's POOL_FROM_PROMPT) pools the text's n-grams: the
@@ -179,7 +180,8 @@ class Fafo(Proposer):
         self.side = self.text_pool = None
         if self.streams_auto:  # the pool without the streams' subsequences: what a step without them would find
             costs = self.budget.curve(state.request.target, reach(state.request))
-            self.side = SideBudget(costs, context=len(prompt), cheap_context=self.compression.kv_budget)
+            self.side = SideBudget(costs, context=len(prompt), cheap_context=self.compression.kv_budget,
+                                   horizon=state.request.max_new_tokens)
             self.text_pool = FumblePool(self.n)
         for pool in (self.pool, self.text_pool) if self.from_text else ():
             if pool is not None:

@@ -38,7 +38,8 @@ Choices and simplifications (say them when comparing with the paper):
 - window="auto": a window of AUTO_WINDOW columns that runs only while it pays (budget.SideBudget): a second
   pool fed by the text alone gives, every step, the tree the method would have verified without the window and
   what it would have yielded; when the window's steps make fewer tokens per ms than that, the window stops
-  (its levels wait as they are) and is tried again every 48 steps. With guesses at 0 too, a step is plain
+  (its levels wait as they are) and is tried again after 48 steps or more (trying costs at most 3 % of the time:
+  SideBudget's `explore`). With guesses at 0 too, a step is plain
   decoding. N stays fixed, and a narrower window is not a candidate (its counterfactual would need a pool per
   width); the window's shape is its state;
 - the reference's EOS filter of the window (replace EOS by prompt tokens) is not done: an EOS in the window is
@@ -130,7 +131,8 @@ class Lookahead(Proposer):
         self.side = self.text_pool = None
         if self.window_auto:  # the pool without the window's n-grams: what a step without it would guess
             costs = self.budget.curve(state.request.target, reach(state.request))
-            self.side, self.text_pool = SideBudget(costs, context=len(prompt)), NgramPool(cap)
+            self.side, self.text_pool = SideBudget(costs, context=len(prompt),
+                                                     horizon=state.request.max_new_tokens), NgramPool(cap)
         for pool in (self.pool, self.text_pool) if self.from_text else ():
             if pool is not None:
                 pool.add_text(prompt, self.N)
