@@ -194,12 +194,23 @@ def test_chain_budget_picks_the_best_expected_speed_on_synthetic_curves(curve, r
 
 
 def test_chain_budget_probes_a_draft_after_plain_steps():
-    chooser = B.ChainBudget(DEAR, max_len=8, explore=0.0, probe_every=5)
-    for d in range(1, 9):
-        chooser.reached[d], chooser.accepted[d] = 100, 30
+    """Where no chain pays, every `probe_every`-th step drafts (a probe), or later where a probe is expected to lose
+    more than `trial_share` of the plain steps' time since the last one."""
+    def acceptance_30(chooser):
+        for d in range(1, 9):
+            chooser.reached[d], chooser.accepted[d] = 100, 30
+        return chooser
+
+    chooser = acceptance_30(B.ChainBudget(DEAR, max_len=8, explore=0.0, probe_every=5, trial_share=None))
     picks = [chooser.choose() for _ in range(10)]
     assert picks[:4] == [0] * 4 and picks[4] >= 1 and picks[5:9] == [0] * 4 and picks[9] >= 1, picks
     assert B.ChainBudget(DEAR, max_len=8, plain=False).choose() >= 1  # plain=False: always a chain
+    bounded = acceptance_30(B.ChainBudget(DEAR, max_len=8, explore=0.0, probe_every=5, trial_share=0.03))
+    lost = DEAR(2) - bounded.expected_tokens()[1] * DEAR(1)  # a probe at g = 1: 17 ms for about 1.43 tokens
+    wait = int(np.ceil(lost / (0.03 * DEAR(1))))
+    assert bounded.probe_wait(1) == wait > 5
+    picks = [bounded.choose() for _ in range(2 * wait)]
+    assert picks == ([0] * (wait - 1) + [1]) * 2, picks
 
 
 @pytest.mark.parametrize("curve, winner", [(CHEAP, 32), (DEAR, 0), (KERNEL, 8)])
@@ -281,13 +292,13 @@ def test_side_rows_stop_where_they_do_not_pay_and_are_probed_again():
 
 
 def test_trying_side_rows_costs_a_bounded_share_of_the_time():
-    """SideBudget's trials (the warm-up, each probe) may lose `explore` x the plain time they are set against:
+    """SideBudget's trials (the warm-up, each probe) may lose `trial_share` x the plain time they are set against:
     side rows that double a step's time and yield nothing are off after the first step of a 20-token
     generation (allowance 0.03 x 20 x 10 ms = 6 ms), where the unbounded warm-up would have run 12 steps; the next probe waits
     until 3 % of the off steps' plain time covers a probe's loss, and a probe that pays keeps them on."""
     loses = (1.0, 20.0, 1.0, 10.0)  # 10 ms lost per step; a plain step is 10 ms a token
     pays = (3.0, 12.0, 1.0, 10.0)
-    side = B.SideBudget(FLAT, probe_len=3, warmup=12, horizon=20, explore=0.03)
+    side = B.SideBudget(FLAT, probe_len=3, warmup=12, horizon=20, trial_share=0.03)
     assert side.choose()
     side.record(*loses)
     assert not side.choose() and side.stats()["side_trials_cut"] == 1 and side.lost() == pytest.approx(10.0)
@@ -299,14 +310,14 @@ def test_trying_side_rows_costs_a_bounded_share_of_the_time():
     for _ in range(3):  # this probe pays: judged after its probe_len steps, on
         side.record(*pays)
         assert side.choose()
-    unbounded = B.SideBudget(FLAT, probe_len=3, warmup=12, explore=None, horizon=20)
+    unbounded = B.SideBudget(FLAT, probe_len=3, warmup=12, trial_share=None, horizon=20)
     runs = 0
     while unbounded.choose() and runs < 50:
         unbounded.record(*loses)
         runs += 1
     assert runs == 12  # the whole warm-up, then off
-    with pytest.raises(ValueError, match="explore"):
-        B.SideBudget(FLAT, explore=1.5)
+    with pytest.raises(ValueError, match="trial_share"):
+        B.SideBudget(FLAT, trial_share=1.5)
 
 
 @pytest.mark.parametrize("method, knob", [("lookahead", "window"), ("fafo", "streams")])

@@ -30,7 +30,7 @@ Two estimators of E[tokens | b]:
   larger candidate is verified instead (a deterministic probe, no coin).
 - `SideBudget` (rows that draft nothing themselves but feed a pool: Lookahead's window, FAFO's streams; CARD's
   drafting at all): on or off, from what each step yields against what the text's own guesses would have yielded
-  without them, its trials (warm-up, probes) bounded to a share of the time (`explore`).
+  without them, its trials (warm-up, probes) bounded to a share of the time (`trial_share`).
 - `Budget`: what a method holds (check, start, choose, record, stats, info): the int the user gave, honoured
   exactly, or "auto" and a chooser built at the generation's start; each step's choice and its expected gain
   over a plain step go into the step records ("draft_size", "expected_gain").
@@ -52,7 +52,7 @@ from ..checks import check_int
 from .cost_curve import reach, resolve_curve
 
 AUTO = "auto"
-EXPLORE_SHARE = 0.03  # SideBudget: the share of the time its trials (warm-up, probes) may lose
+TRIAL_SHARE = 0.03  # the share of the time a budget's trials (SideBudget's warm-up and probes, ChainBudget's probes) may lose
 
 def is_auto(value) -> bool:
     return isinstance(value, str) and value == AUTO
@@ -87,17 +87,21 @@ def check_budget(name: str, value, minimum: int = 1):
 class ChainBudget:
     """Chain length g from per-depth acceptance (see the module doc). draft_ms(g): the drafting time of g.
     plain: g = 0 (no draft) is a candidate; after `probe_every` plain steps in a row, one step drafts the best
-    g >= 1 (a probe: a plain step teaches nothing about acceptance)."""
+    g >= 1 (a probe: a plain step teaches nothing about acceptance). A probe loses, by the estimates without
+    the optimism, draft_ms(g) + t(g + 1) - E[tokens | g] x t(1); it waits until `trial_share` of the plain
+    steps' time since the last one covers that (where a draft's step costs twice a plain one, as on a real
+    model on a CPU, probes come every few dozen steps, not every 16)."""
 
     def __init__(self, curve, max_len: int = 16, draft_ms: Callable[[int], float] | None = None,
                  prior: float = 0.5, strength: float = 2.0, explore: float = 0.25, plain: bool = True,
-                 probe_every: int = 16):
+                 probe_every: int = 16, trial_share: float | None = TRIAL_SHARE):
         self.costs, self.max_len = curve, check_int("max_len", max_len, 1)  # a CostCurve or a ContextCosts
         self.curve = curve.at(0)
         self.draft_ms = draft_ms or (lambda g: 0.0)
         self.prior, self.strength, self.explore = prior, strength, explore
         self.plain, self.probe_every = plain, check_int("probe_every", probe_every, 1)
-        self.plain_run = 0  # plain steps chosen in a row
+        self.trial_share = trial_share
+        self.plain_run = 0  # plain steps chosen in a row (since the last probe)
         self.gain = None  # the last choice's expected tokens/ms over a plain step's
         self.reached = np.zeros(max_len + 1)  # index d: steps whose chain had a node at depth d reaching it
         self.accepted = np.zeros(max_len + 1)
@@ -127,12 +131,22 @@ class ChainBudget:
         g = 1 + int(np.argmax(speed[1:]))
         if self.plain and speed[0] >= speed[g]:
             self.plain_run += 1
-            if self.plain_run % self.probe_every:  # else: a probe at g
+            if self.plain_run < self.probe_wait(g):
                 g = 0
+            else:  # a probe at g
+                self.plain_run = 0
         else:
             self.plain_run = 0
         self.gain = speed[g] / speed[0]
         return g
+
+    def probe_wait(self, g: int) -> int:
+        """Plain steps before a probe at g: `probe_every`, or more where the probe's expected loss needs them."""
+        if self.trial_share is None:
+            return self.probe_every
+        plain = self.curve(1)
+        lost = self.draft_ms(g) + self.curve(g + 1) - self.expected_tokens()[g] * plain
+        return max(self.probe_every, int(np.ceil(lost / (self.trial_share * plain))))
 
     def record(self, drafted: int, accepted: int) -> None:
         """One verified chain: depths 1..accepted accepted, depth accepted + 1 reached and rejected (if drafted)."""
@@ -331,13 +345,13 @@ class SideBudget:
     not run (a plain step, or text guesses only) and, after `probe_every` steps, switched on for `probe_len`
     steps to look again; the sums decay on the off steps too, so a probe judges the text as it is now.
 
-    What trying costs is bounded (`explore`, a share of the time): a trial (the warm-up, a probe) LOSES the ms
+    What trying costs is bounded (`trial_share`, a share of the time): a trial (the warm-up, a probe) LOSES the ms
     its steps took beyond what the steps without the side rows would have taken for the same tokens,
 
         lost = sum(ms on) - sum(tokens on) x sum(ms off) / sum(tokens off)     (this trial's steps, undecayed),
 
-    and ends, off, as soon as that passes its allowance: `explore` x the plain time of the `horizon` tokens the
-    generation makes (the warm-up; none given: no allowance), or `explore` x the plain time of the steps run
+    and ends, off, as soon as that passes its allowance: `trial_share` x the plain time of the `horizon` tokens the
+    generation makes (the warm-up; none given: no allowance), or `trial_share` x the plain time of the steps run
     off since the last trial (a probe). The next probe waits until that allowance covers what the last trial
     lost per step x `probe_len`. Where a side row costs as much as a whole plain step (FAFO's 60 fumble rows on
     a real model on a CPU), the warm-up ends after a step or two and probes are rare; where side rows are
@@ -345,14 +359,14 @@ class SideBudget:
 
     def __init__(self, costs, context: int = 0, cheap_context: int | None = None, probe_every: int = 48,
                  probe_len: int = 12, warmup: int = 12, decay: float = 0.97, horizon: int | None = None,
-                 explore: float | None = EXPLORE_SHARE):
+                 trial_share: float | None = TRIAL_SHARE):
         self.costs, self.curve = costs, costs.at(context)
         self.cheap = None if cheap_context is None else costs.at(cheap_context)
         self.probe_every = check_int("probe_every", probe_every, 1)
         self.probe_len = check_int("probe_len", probe_len, 1)
-        if explore is not None and not 0 < explore < 1:
-            raise ValueError(f"explore is a share of the time, in (0, 1), or None; got {explore!r}")
-        self.warmup, self.decay, self.explore = warmup, decay, explore
+        if trial_share is not None and not 0 < trial_share < 1:
+            raise ValueError(f"trial_share is a share of the time, in (0, 1), or None; got {trial_share!r}")
+        self.warmup, self.decay, self.trial_share = warmup, decay, trial_share
         self.horizon = None if horizon is None else check_int("horizon", horizon, 1)
         self.on, self.steps, self.off_run, self.probe_left = True, 0, 0, 0
         self.sums = [0.0, 0.0, 0.0, 0.0]  # tokens on, ms on, tokens off, ms off
@@ -379,8 +393,8 @@ class SideBudget:
 
     def _start_trial(self, off_steps: int) -> None:
         self.trial, self.trial_steps, self.in_trial = [0.0, 0.0, 0.0, 0.0], 0, True
-        self.allowance = (None if self.explore is None or self.plain_ms is None
-                          else self.explore * off_steps * self.plain_ms)
+        self.allowance = (None if self.trial_share is None or self.plain_ms is None
+                          else self.trial_share * off_steps * self.plain_ms)
 
     def price(self, rows: int, cheap_rows: int = 0) -> float:
         """ms of a step of `rows` full rows plus `cheap_rows` rows that read the compressed KV only."""
@@ -417,10 +431,10 @@ class SideBudget:
         return ms - tokens * plain_ms / plain_tokens if plain_tokens else 0.0
 
     def _over_allowance(self) -> bool:
-        if self.explore is None:
+        if self.trial_share is None:
             return False
         if self.allowance is None and self.horizon is not None and self.trial[2]:  # the warm-up's
-            self.allowance = self.explore * self.horizon * self.trial[3] / self.trial[2]
+            self.allowance = self.trial_share * self.horizon * self.trial[3] / self.trial[2]
         return self.allowance is not None and self.lost() > self.allowance
 
     def _off(self) -> None:
@@ -429,10 +443,10 @@ class SideBudget:
         if self.trial_steps:
             self.plain_ms = self.trial[3] / self.trial_steps
         self.next_probe = self.probe_every
-        if self.explore is not None and self.plain_ms:
+        if self.trial_share is not None and self.plain_ms:
             per_step = max(0.0, self.lost()) / max(1, self.trial_steps)
             self.next_probe = max(self.probe_every,
-                                  int(np.ceil(self.probe_len * per_step / (self.explore * self.plain_ms))))
+                                  int(np.ceil(self.probe_len * per_step / (self.trial_share * self.plain_ms))))
 
     @property
     def gain(self) -> float | None:

@@ -39,7 +39,7 @@ Choices and simplifications (say them when comparing with the paper):
   pool fed by the text alone gives, every step, the tree the method would have verified without the window and
   what it would have yielded; when the window's steps make fewer tokens per ms than that, the window stops
   (its levels wait as they are) and is tried again after 48 steps or more (trying costs at most 3 % of the time:
-  SideBudget's `explore`). With guesses at 0 too, a step is plain
+  SideBudget's `trial_share`). With guesses at 0 too, a step is plain
   decoding. N stays fixed, and a narrower window is not a candidate (its counterfactual would need a pool per
   width); the window's shape is its state;
 - the reference's EOS filter of the window (replace EOS by prompt tokens) is not done: an EOS in the window is
