@@ -52,7 +52,7 @@ workbook-smol: $(STAMP)
 	$(BIN)/python -m specdec_lib.tools.run_notebooks --out figures/smol --models smol
 
 test: $(BROWSER_STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=25 tests
 
 lab: $(STAMP)
 	$(BIN)/python $(PIP_LOCKED) $(TORCH_SPEC) -e ".[smol,lab]"

@@ -96,9 +96,17 @@ def test_tree_budget_follows_the_curve():
         assert chooser.choose() == (first, others)
         chooser.record(yields, verified=first)
         assert chooser.choose()[0] == expected
-    chooser = B.TreeBudget(STEEP, ladder, probe_every=2)
+    chooser = B.TreeBudget(STEEP, ladder, probe_every=2, trial_share=None)
     chooser.record(yields, verified=4)
     assert [chooser.choose()[0] for _ in range(4)] == [4, 16, 4, 16]  # every 2nd step probes one rung up
+    # where a probe is dear (16 rows at 10 ms each for about the same tokens), it waits until 3 % of the steps'
+    # time since the last covers what it is expected to lose
+    bounded = B.TreeBudget(STEEP, ladder, probe_every=2, trial_share=0.03)
+    bounded.record(yields, verified=4)
+    tokens, cost = bounded.estimates()
+    wait = int(np.ceil((cost[1] - tokens[1] * cost[0] / tokens[0]) / (0.03 * cost[0])))
+    assert bounded.probe_wait(0) == wait > 2
+    assert [bounded.choose()[0] for _ in range(2 * wait)] == ([4] * (wait - 1) + [16]) * 2
 
 
 def test_tree_budget_compares_candidates_on_the_same_steps():

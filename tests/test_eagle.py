@@ -127,11 +127,11 @@ def test_the_heads_time_is_priced(tiny_pair64, tiny_pair):
     # a rung's drafting is priced at first at its bound, min(depth, rung) forwards, and moves to what it ran
     # (head_ms injected: its forwards at that price, one catch-up forward plus one per further depth, so never
     # outside [1, depth] forwards); measured (no head_ms) it moves to the ms the drafting took
-    depth, est = dear.stats["config"]["depth"], dear.stats["draft_ms_est"]
-    prior = {b: 100.0 * min(depth, b) for b in est}
-    assert any(abs(est[b] - prior[b]) > 1e-6 for b in est), est
-    assert all(100.0 <= ms <= 100.0 * depth for ms in est.values()), est
+    depth = dear.stats["config"]["depth"]
+    assert all(100.0 <= ms <= 100.0 * depth for ms in dear.stats["draft_ms_est"].values())
     assert set(free.stats["draft_ms_est"].values()) == {0.0}
     timed = generate("eagle", target, ids, 48, costs=flat, debug=True)
     assert timed.new_tokens == reference and timed.stats["head_ms"] > 0
-    assert all(ms > 0 for ms in timed.stats["draft_ms_est"].values())
+    est = timed.stats["draft_ms_est"]
+    prior = {b: timed.stats["head_ms"] * min(depth, b) for b in est}
+    assert all(ms > 0 for ms in est.values()) and any(abs(est[b] - prior[b]) > 1e-3 for b in est), (est, prior)

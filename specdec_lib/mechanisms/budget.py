@@ -12,7 +12,8 @@ the expected throughput
 with t what one step of the decoding loop costs on this device for that many rows, read at the current context
 (cost_curve.py), and E[tokens] from the method's own running acceptance statistics. b = 0 (no draft: a plain
 step, 1 token for t(1)) is a candidate too, so where no draft pays the method decodes plainly, and probes a
-draft again every `probe_every` steps. The choice depends only on the history (committed tokens and verdicts)
+draft again after `probe_every` steps, or more: what trying costs is bounded to `trial_share` (TRIAL_SHARE, 3 %)
+of the time, so where a probe is dear (a real model's rows on a CPU) probes are rarer. The choice depends only on the history (committed tokens and verdicts)
 and on the curve, never on the random stream: the budget changes what is drafted, never what is emitted
 (lossless), and a test that injects a curve (`CostCurve.from_points`) gets the same choices every time.
 
@@ -26,8 +27,8 @@ Two estimators of E[tokens | b]:
   candidates, EAGLE's nodes): a ladder of candidates, compared on the same steps (a ratio estimator). A step's
   verdict tells, for every tree the proposer regrows for a neighbouring candidate, what that tree would have
   yielded (`tree_yield`: the emitted path is fixed, so a tree that leaves it at position j yields j + 1),
-  exactly, or as a lower bound when a larger tree holds the whole path; every `probe_every` steps the next
-  larger candidate is verified instead (a deterministic probe, no coin).
+  exactly, or as a lower bound when a larger tree holds the whole path; every `probe_every` steps or more (as
+  above) the next larger candidate is verified instead (a deterministic probe, no coin).
 - `SideBudget` (rows that draft nothing themselves but feed a pool: Lookahead's window, FAFO's streams; CARD's
   drafting at all): on or off, from what each step yields against what the text's own guesses would have yielded
   without them, its trials (warm-up, probes) bounded to a share of the time (`trial_share`).
@@ -52,7 +53,7 @@ from ..checks import check_int
 from .cost_curve import reach, resolve_curve
 
 AUTO = "auto"
-TRIAL_SHARE = 0.03  # the share of the time a budget's trials (SideBudget's warm-up and probes, ChainBudget's probes) may lose
+TRIAL_SHARE = 0.03  # the share of the time a budget's trials (SideBudget's warm-up and probes, the others' probes) may lose
 
 def is_auto(value) -> bool:
     return isinstance(value, str) and value == AUTO
@@ -173,7 +174,10 @@ class TreeBudget:
     whose step costs at most `free` more than a one-row step (on a GPU often the largest; on a CPU a small one),
     but not below `first` (given when the smallest candidates draft nothing: a plain step yields no counterfactual
     to learn from at the start); the chooser falls below it, when drafting costs more than it yields, only after
-    `probe_every` steps of evidence (one unlucky first step would otherwise stop the drafting).
+    `probe_every` steps of evidence (one unlucky first step would otherwise stop the drafting). A probe is
+    expected to lose, by the estimates, ms(k + 1) - tokens(k + 1) x ms(k) / tokens(k) against the verified
+    candidate k; it waits, beyond `probe_every` steps, until `trial_share` of the steps' time since the last one
+    covers that (as ChainBudget's probes).
 
     `curve` is a CostCurve or a ContextCosts read at `context` (the prompt's length at first, then what `choose`
     is given); `cheap_rows` rows every step pays that read only `cheap_context` cached tokens (FAFO's fumble rows
@@ -183,7 +187,8 @@ class TreeBudget:
     def __init__(self, curve, candidates: Sequence[int], probe_every: int = 16, window: int = 1,
                  above: int = 1, decay: float = 0.97, free: float = 0.15, margin: float = 0.03,
                  decide_every: int = 2, draft_ms: Callable[[int], float] | None = None, context: int = 0,
-                 cheap_rows: int = 0, cheap_context: int = 0, first: int | None = None):
+                 cheap_rows: int = 0, cheap_context: int = 0, first: int | None = None,
+                 trial_share: float | None = TRIAL_SHARE):
         self.costs, self.candidates = curve, sorted(set(int(c) for c in candidates))
         self.curve = curve.at(context)
         self.cheap_rows = check_int("cheap_rows", cheap_rows, 0)
@@ -207,7 +212,8 @@ class TreeBudget:
             raise ValueError(f"first={first} is not a candidate ({self.candidates})")
         self.lowest = 0 if first is None else self.candidates.index(first)  # a rung drafting nothing teaches nothing
         self.current = max(self.lowest, nearly_free[-1] if nearly_free else 0)
-        self.steps = 0
+        self.steps = self.since_probe = 0
+        self.trial_share = trial_share
         self.gain = None  # the verified candidate's estimated tokens/ms over a plain step's (1 token, 1 row)
 
     def estimates(self) -> tuple[list[float], list[float]]:
@@ -255,10 +261,22 @@ class TreeBudget:
             self.curve = self.costs.at(context)
         self.steps += 1
         k = self.best()
-        if self.steps % self.probe_every == 0 and k + 1 < len(self.candidates):
+        # steps since the last probe, or since a probe became possible (none above the largest candidate)
+        self.since_probe = self.since_probe + 1 if k + 1 < len(self.candidates) else 0
+        if self.since_probe >= self.probe_every and self.since_probe >= self.probe_wait(k):
             k += 1  # a probe: a larger tree's yield is only seen exactly by verifying it
+            self.since_probe = 0
         others = self.candidates[max(0, k - self.window):k] + self.candidates[k + 1:k + 1 + self.above]
         return self.candidates[k], others
+
+    def probe_wait(self, k: int) -> int:
+        """Steps between probes from candidate index k: `probe_every`, or more where the probe is expected to
+        lose more than `trial_share` of their time (see the class doc)."""
+        if self.trial_share is None:
+            return self.probe_every
+        tokens, cost = self.estimates()
+        lost = cost[k + 1] - tokens[k + 1] * cost[k] / tokens[k]
+        return max(self.probe_every, int(np.ceil(lost / (self.trial_share * cost[k]))))
 
     def record(self, results: dict, verified: int | None = None) -> None:
         """{candidate: (tokens it yields, its forward's rows[, censored])} for this step, `verified` the candidate
