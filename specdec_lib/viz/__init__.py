@@ -14,7 +14,8 @@ package only, so the rest of `specdec_lib` imports without them.
   `rollback_explorer`).
 - `acceptance`: what the target accepted, per step and per token, and the output distribution
   (`acceptance_figure`, `steps_figure`, `draft_time_figure`, `token_kinds`, `acceptance_html`,
-  `distribution_figure`).
+  `distribution_figure`); acceptance by draft depth and against temperature (`depth_acceptance_figure`,
+  `temperature_acceptance_figure`).
 - `costs`: forward costs and expected speedups (`cost_curve_figure`, `speedup_surface_figure`,
   `speedup_explorer`, `cost_figure`).
 - `layout`: FAFO's KV layout: block maps, the store's slots over steps, the per-step timing chart
@@ -35,8 +36,9 @@ from .tables import table_explorer, table_figure
 from .trees import budget_explorer, tree_explorer, tree_figure, tree_layout
 from .masks import mask_figure, mask_labels
 from .caches import CacheStep, cache_steps, cache_timeline_figure, rollback_explorer
-from .acceptance import (acceptance_figure, acceptance_html, distribution_figure, draft_time_figure,
-                         result_acceptance_html, steps_figure, token_kinds)
+from .acceptance import (acceptance_figure, acceptance_html, depth_acceptance_figure, distribution_figure,
+                         draft_time_figure, result_acceptance_html, steps_figure, temperature_acceptance_figure,
+                         token_kinds)
 from .costs import cost_curve_figure, cost_figure, speedup_explorer, speedup_surface_figure
 from .layout import block_map_figure, layout_figure, layout_timing_figure, selection_figure
 from .fumble import pool_explorer, pool_figure, streams_figure
@@ -51,9 +53,10 @@ __all__ = ["CacheStep", "ablation_explorer", "acceptance_figure", "acceptance_ht
            "cost_curve_figure", "cost_figure",
            "budget_figure", "cost_per_token_figure", "efficiency_figure", "never_slower_figure", "radar_figure",
            "step_costs_figure", "why_explorer",
-           "distribution_figure", "draft_time_figure", "gamma_sweep_figure", "heatmap_figure", "layout_figure",
+           "depth_acceptance_figure", "distribution_figure", "draft_time_figure", "gamma_sweep_figure", "heatmap_figure", "layout_figure",
            "layout_timing_figure", "mask_figure", "mask_labels", "pool_explorer", "pool_figure",
            "result_acceptance_html", "rollback_explorer", "selection_figure", "speedup_explorer",
            "speedup_surface_figure", "steps_figure", "streams_figure", "sweep_figure", "table1_figure",
+           "temperature_acceptance_figure",
            "table_explorer", "table_figure", "timeline_figure", "token_kinds", "token_text", "tree_explorer",
            "tree_figure", "tree_layout"]

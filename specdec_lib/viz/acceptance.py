@@ -12,6 +12,11 @@ dict for every method, with `tree_size`, `accepted`, `emitted`, `full`, `draft_u
   step bold and underlined (solid for a bonus, wavy for a correction).
 - `distribution_figure(exact, empirical, labels)`: exact vs empirical probabilities of short continuations,
   the exact bars with a +-2 standard-error band: what a lossless acceptance rule must reproduce.
+- `depth_acceptance_figure(table)`: P(accept depth d | depth d reached) per draft depth (bars, counts in the hover)
+  against the i.i.d. model's one alpha (the pooled rate), and the share of steps reaching each depth against the
+  i.i.d. alpha^(d-1), from `bench.acceptance.acceptance_by_depth`.
+- `temperature_acceptance_figure(table)`: acceptance and MAT of speculative sampling against the temperature, with
+  the acceptance the two models' overlap sum_x min(p, q) predicts.
 """
 from __future__ import annotations
 
@@ -21,7 +26,8 @@ from typing import Callable, Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import BONUS, CORRECTION, step_records
+from ..bench.acceptance import pooled_acceptance
+from .common import ACCEPTED, BONUS, CORRECTION, DRAFTED, need_columns, step_records
 
 # background per decoding step; consecutive steps differ, and the cycle is long enough not to repeat nearby
 STEP_COLORS = ("#cfe8f3", "#fde2c8", "#d9f0d3", "#f2d7ee", "#fff3b0", "#d6def5", "#f8d3d3", "#e0ecd0")
@@ -211,4 +217,74 @@ def distribution_figure(exact, empirical, labels=None, top: int = 24, title: str
                       yaxis_title="probability", legend_title="",
                       title=title or f"Exact vs empirical distribution ({len(shown)} most probable of {len(exact)})")
     fig.update_xaxes(tickangle=-45 if len(names) > 8 else 0)
+    return fig
+
+
+def depth_acceptance_figure(table, title: str | None = None) -> go.Figure:
+    """Bars: P(accept depth d | depth d reached) per draft depth, from a `bench.acceptance.acceptance_by_depth`
+    table (columns depth, reached, accepted, rate, share_reached), the counts in the hover; a dashed line: the
+    i.i.d. model's constant alpha, the pooled rate (every depth's accepted / reached). Lines: the share of drafting
+    steps that reached depth d, against alpha^(d-1), what the i.i.d. model predicts for it."""
+    need_columns(table, "depth", "reached", "accepted", "rate", "share_reached")
+    table = table.sort_values("depth")
+    depth = table["depth"].tolist()
+    alpha = pooled_acceptance(table)
+    counts = list(zip(table["accepted"].tolist(), table["reached"].tolist()))
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=depth, y=table["rate"].tolist(), name="P(accept d | reached d)", marker_color=ACCEPTED,
+                         customdata=counts, text=[f"{a}/{r}" for a, r in counts], textposition="inside",
+                         hovertemplate="depth %{x}: accepted %{customdata[0]} of %{customdata[1]} steps that "
+                                       "reached it<br>P(accept | reached) = %{y:.3f}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=depth, y=table["share_reached"].tolist(), mode="lines+markers", name="share of steps "
+                             "reaching d", line=dict(color="rgb(55,83,109)"), customdata=counts,
+                             hovertemplate="depth %{x}: %{customdata[1]} steps reached it, share %{y:.3f}"
+                                           "<extra></extra>"))
+    if alpha == alpha:  # some depth was reached
+        fig.add_hline(y=alpha, line_dash="dash", line_color=CORRECTION,
+                      annotation_text=f"i.i.d. alpha = {alpha:.3f} (pooled)", annotation_position="top left")
+        fig.add_trace(go.Scatter(x=depth, y=[alpha ** (d - 1) for d in depth], mode="lines", name="i.i.d.: "
+                                 "alpha^(d-1) reach d", line=dict(color=DRAFTED, dash="dot", width=3),
+                                 hovertemplate="depth %{x}: the i.i.d. model expects a share %{y:.3f}"
+                                               "<extra></extra>"))
+    fig.update_yaxes(title_text="probability", range=[0, 1.05])
+    fig.update_xaxes(title_text="draft depth d", tickvals=depth)
+    fig.update_layout(template="plotly_white", legend=dict(orientation="h", y=-0.2),
+                      title=title or f"Acceptance by draft depth ({int(table['reached'].iloc[0]) if len(table) else 0}"
+                                     " drafting steps)")
+    return fig
+
+
+def temperature_acceptance_figure(table, title: str | None = None) -> go.Figure:
+    """Speculative sampling against the temperature (0 = greedy), one row per temperature of `table`: left, the
+    acceptance rate (`acceptance_rate`: accepted / drafted) and, where the columns are there, the rate per test
+    (`test_rate`: accepted / reached) and the overlap sum_x min(p, q) the two models predict for it (`overlap`);
+    right, MAT (`mat`). Hover: the counts (`drafted`, `accepted`) where given."""
+    need_columns(table, "temperature", "acceptance_rate", "mat")
+    table = table.sort_values("temperature")
+    x = table["temperature"].tolist()
+    labels = [f"{t:g} (greedy)" if t == 0 else f"{t:g}" for t in x]
+    counted = "accepted" in table and "drafted" in table
+    counts = list(zip(table["accepted"].tolist(), table["drafted"].tolist())) if counted else None
+    hover_counts = "<br>accepted %{customdata[0]} of %{customdata[1]} drafted" if counted else ""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("acceptance", "MAT: tokens per target forward"))
+    lines = [("acceptance_rate", "accepted / drafted", ACCEPTED, "solid"),
+             ("test_rate", "accepted / tested (P(accept | reached))", "rgb(55,83,109)", "solid"),
+             ("overlap", "predicted: mean sum_x min(p, q)", CORRECTION, "dash")]
+    for column, name, color, dash in lines:
+        if column not in table:
+            continue
+        fig.add_trace(go.Scatter(x=x, y=table[column].tolist(), mode="lines+markers", name=name, customdata=counts,
+                                 line=dict(color=color, dash=dash), text=labels,
+                                 hovertemplate="T = %{text}: %{y:.3f}" + hover_counts + "<extra>" +
+                                               html.escape(name) + "</extra>"),
+                      row=1, col=1)
+    mat = table["mat"].tolist()
+    fig.add_trace(go.Bar(x=x, y=mat, name="MAT", marker_color=BONUS, text=[f"{m:.2f}" for m in mat],
+                         customdata=labels, hovertemplate="T = %{customdata}: MAT %{y:.2f}<extra></extra>",
+                         showlegend=False), row=1, col=2)
+    fig.update_xaxes(title_text="temperature T", tickvals=x, ticktext=[f"{t:g}" for t in x])
+    fig.update_yaxes(title_text="probability", range=[0, 1.05], row=1, col=1)
+    fig.update_yaxes(title_text="tokens per target forward", rangemode="tozero", row=1, col=2)
+    fig.update_layout(template="plotly_white", legend=dict(orientation="h", y=-0.25),
+                      title=title or "Speculative sampling: acceptance against temperature")
     return fig
