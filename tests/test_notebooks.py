@@ -171,3 +171,11 @@ def test_a_collapsed_solution_stays_collapsed_on_the_page(tmp_path):
     page = offline_views.export_html(nb, tmp_path / "page.html").read_text()
     assert page.count('<details class="specdec-collapsed">') == 1 and "the solution (click to open)</summary>" in page
     assert page.index("specdec-collapsed") < page.index(">987654321<")
+    # its outputs collapsed too (outputs_hidden): the answer it prints stays behind a click
+    answer = nbformat.v4.new_code_cell("# the answer\nprint(424242)",
+                                       metadata={"jupyter": {"source_hidden": True, "outputs_hidden": True}},
+                                       outputs=[nbformat.v4.new_output("stream", name="stdout", text="424242\n")])
+    nb.cells = [answer, nbformat.v4.new_code_cell("y = 1")]
+    page = offline_views.export_html(nb, tmp_path / "page2.html").read_text()
+    assert page.count('<details class="specdec-collapsed-output">') == 1
+    assert page.index("specdec-collapsed-output") < page.rindex("424242")  # the printed one comes last
