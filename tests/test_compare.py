@@ -18,11 +18,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def runs(tiny_pair):
-    """A real (small) benchmark on the shipped pair: two categories, two repeats."""
+    """A real (small) benchmark on the shipped pair: two categories, two repeats. The draft sizes are fixed: an
+    "auto" budget times this machine, and on a loaded one may decode plainly all through 12 tokens (no rows to
+    price), where these tests read the rows a draft spends."""
     prompts = [{"id": "a", "prompt": "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n", "category": "code"},
                {"id": "b", "prompt": "import os\nimport sys\n", "category": "imports"}]
     return harness.run_bench(tiny_pair, prompts, ["hf", "prompt_lookup", "draft_model"], max_new_tokens=12,
-                             repeats=2, warmup=0, progress=False)
+                             repeats=2, warmup=0, progress=False,
+                             config={"draft_model": {"gamma": 4}, "prompt_lookup": {"num_tokens": 10}})
 
 
 def test_spread_and_categories_are_speedups_over_hf_of_the_same_group(runs):
