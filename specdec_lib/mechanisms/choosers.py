@@ -42,7 +42,16 @@ import numpy as np
 
 from ..checks import check_int
 
-TRIAL_SHARE = 0.03  # the share of the time a budget's trials (SideBudget's warm-up and probes, the others' probes) may lose
+# the share of the time a budget's trials may lose (SideBudget's warm-up and probes, the choosers' probes)
+TRIAL_SHARE = 0.03
+
+
+def trial_wait(probe_every: int, lost_ms: float, step_ms: float | None, share: float | None) -> int:
+    """Steps before the next trial (a probe): `probe_every`, or more, so that `share` of the time of the steps in
+    between (`step_ms` each) covers what the trial is expected to lose (`lost_ms`). Every chooser's probes wait so."""
+    if share is None or not step_ms:
+        return probe_every
+    return max(probe_every, int(np.ceil(lost_ms / (share * step_ms))))
 
 
 class ChainBudget:
@@ -107,7 +116,7 @@ class ChainBudget:
             return self.probe_every
         plain = self.curve(1)
         lost = self.draft_ms(g) + self.curve(g + 1) - self.expected_tokens()[g] * plain
-        return max(self.probe_every, int(np.ceil(lost / (self.trial_share * plain))))
+        return trial_wait(self.probe_every, lost, plain, self.trial_share)
 
     def record(self, drafted: int, accepted: int) -> None:
         """One verified chain: depths 1..accepted accepted, depth accepted + 1 reached and rejected (if drafted)."""
@@ -236,7 +245,7 @@ class TreeBudget:
             return self.probe_every
         tokens, cost = self.estimates()
         lost = cost[k + 1] - tokens[k + 1] * cost[k] / tokens[k]
-        return max(self.probe_every, int(np.ceil(lost / (self.trial_share * cost[k]))))
+        return trial_wait(self.probe_every, lost, cost[k], self.trial_share)
 
     def record(self, results: dict, verified: int | None = None) -> None:
         """{candidate: (tokens it yields, its forward's rows[, censored])} for this step, `verified` the candidate

@@ -4,10 +4,8 @@ a bounded share of the time (choosers.TRIAL_SHARE). The class doc says how a ste
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ..checks import check_int
-from .choosers import TRIAL_SHARE, tree_yield
+from .choosers import TRIAL_SHARE, trial_wait, tree_yield
 
 
 class SideBudget:
@@ -121,11 +119,8 @@ class SideBudget:
         self.on, self.off_run, self.probe_left, self.in_trial = False, 0, 0, False
         if self.trial_steps:
             self.plain_ms = self.trial[3] / self.trial_steps
-        self.next_probe = self.probe_every
-        if self.trial_share is not None and self.plain_ms:
-            per_step = max(0.0, self.lost()) / max(1, self.trial_steps)
-            self.next_probe = max(self.probe_every,
-                                  int(np.ceil(self.probe_len * per_step / (self.trial_share * self.plain_ms))))
+        per_step = max(0.0, self.lost()) / max(1, self.trial_steps)
+        self.next_probe = trial_wait(self.probe_every, self.probe_len * per_step, self.plain_ms, self.trial_share)
 
     @property
     def gain(self) -> float | None:

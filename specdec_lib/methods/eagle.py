@@ -34,10 +34,10 @@ The drafting is priced too: a budget b pays what drafting b' takes, b' the next 
 drafts that one, to learn its yield). Before b' has been drafted that is min(depth, b') head forwards (an upper
 bound: a tree of b' nodes spans at most b' depths; the catch-up forward drafts depth 1, each further depth one
 forward), one head forward (a row, and the target's LM head over its prediction) timed here once per head and
-target (`head_ms=` injects it, and then the forwards are priced at it instead of timed); each step that drafts b' then moves its estimate towards the ms that step's
-drafting really took, as measured (a bushy tree spans fewer depths, an unsure head stops early, and the Python
-work of growing, ranking and cutting the trees is paid too: on the tiny pair it is as much as the forwards), and
-the chooser is repriced.
+target (`head_ms=` injects it, and then the forwards are priced at it instead of timed); each step that drafts
+b' then moves its estimate towards the ms that step's drafting really took, as measured (a bushy tree spans
+fewer depths, an unsure head stops early, and the Python work of growing, ranking and cutting the trees is paid
+too: on the tiny pair it is as much as the forwards), and the chooser is repriced.
 
 Simplifications: one head forward's time is measured once (its rows vary little); the head reads normed features
 (eagle_head.py); sampling verifies the greedy top-k tree by the walk,

@@ -42,7 +42,8 @@ would have verified without the fumble rows and what it would have yielded on th
 with the streams make fewer tokens per ms than that, the streams stop (they wait as they are: a step is the
 text's candidates only, or plain decoding when there are none or the budget picks 0) and are tried again after
 48 steps or more (trying costs at most 3 % of the time: SideBudget's `trial_share`; on a real model on a CPU, where
-the 60 fumble rows cost as much as a plain step, the warm-up ends after a step or two). With fused=False the fumble forward is priced as its cheap rows in the verifying forward.
+the 60 fumble rows cost as much as a plain step, the warm-up ends after a step or two). With fused=False the
+fumble forward is priced as its cheap rows in the verifying forward.
 
 `from_text=True` (the default) also caches every k-token run of the prompt and of the emitted text under the k
 tokens before it, as our Lookahead's `from_text` (its reference's POOL_FROM_PROMPT) pools the text's n-grams: the
