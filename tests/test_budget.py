@@ -421,6 +421,26 @@ def test_a_rung_that_drafts_nothing_is_never_the_first_guess_nor_taken_on_little
         B.TreeBudget(STEEP, [2, 4], first=3)
 
 
+def test_the_floor_at_first_lifts_once_its_steps_lose_their_share_of_the_horizon():
+    """EAGLE's and Cacheback's floor (`first`) holds for probe_every steps, or until the steps held there have lost
+    trial_share of the plain time of the `horizon` tokens: on STEEP each step at 4 costs 5 rows (50 ms) for one
+    token (10 ms plain), 40 ms lost, so a 20-token horizon (3 %: 6 ms) lifts it after one step, 10 000 tokens
+    (3 000 ms) never within probe_every."""
+    def picks(horizon):
+        chooser = B.TreeBudget(STEEP, [2, 4, 8], probe_every=6, decide_every=1, first=4, horizon=horizon)
+        pick, out = chooser.choose()[0], []
+        for _ in range(4):
+            chooser.record({4: (1, 5), 2: (1, 1), 8: (1, 9)}, verified=pick)  # no draft token is ever accepted
+            pick = chooser.choose()[0]
+            out.append(pick)
+        return out, chooser.floor_lost
+    (short, lost), (long, _) = picks(20), picks(10_000)
+    assert short == [2] * 4 and lost == pytest.approx(40.0), (short, lost)
+    assert long == [4] * 4, long
+    with pytest.raises(ValueError, match="horizon"):
+        B.TreeBudget(STEEP, [2, 4], first=4, horizon=0)
+
+
 def test_cheap_rows_are_priced_at_their_own_context():
     """FAFO's fumble rows read C(kv) only: a step of r full rows + 60 cheap ones costs t_ctx(r) + what the 60
     add at the compressed length."""

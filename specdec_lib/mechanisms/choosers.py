@@ -143,7 +143,8 @@ class TreeBudget:
     whose step costs at most `free` more than a one-row step (on a GPU often the largest; on a CPU a small one),
     but not below `first` (given when the smallest candidates draft nothing: a plain step yields no counterfactual
     to learn from at the start); the chooser falls below it, when drafting costs more than it yields, only after
-    `probe_every` steps of evidence (one unlucky first step would otherwise stop the drafting). A probe is
+    `probe_every` steps of evidence (one unlucky first step would otherwise stop the drafting), or sooner once
+    those steps lost, by the estimates, `trial_share` of the plain time of the `horizon` tokens asked for. A probe is
     expected to lose, by the estimates, ms(k + 1) - tokens(k + 1) x ms(k) / tokens(k) against the verified
     candidate k; it waits, beyond `probe_every` steps, until `trial_share` of the steps' time since the last one
     covers that (as ChainBudget's probes).
@@ -157,7 +158,7 @@ class TreeBudget:
                  above: int = 1, decay: float = 0.97, free: float = 0.15, margin: float = 0.03,
                  decide_every: int = 2, draft_ms: Callable[[int], float] | None = None, context: int = 0,
                  cheap_rows: int = 0, cheap_context: int = 0, first: int | None = None,
-                 trial_share: float | None = TRIAL_SHARE):
+                 trial_share: float | None = TRIAL_SHARE, horizon: int | None = None):
         self.costs, self.candidates = curve, sorted(set(int(c) for c in candidates))
         self.curve = curve.at(context)
         self.cheap_rows = check_int("cheap_rows", cheap_rows, 0)
@@ -183,6 +184,8 @@ class TreeBudget:
         self.current = max(self.lowest, nearly_free[-1] if nearly_free else 0)
         self.steps = self.since_probe = 0
         self.trial_share = trial_share
+        self.horizon = None if horizon is None else check_int("horizon", horizon, 1)
+        self.floor_lost = 0.0  # ms the steps held at `first` lost against plain steps, by the estimates
         self.gain = None  # the verified candidate's estimated tokens/ms over a plain step's (1 token, 1 row)
 
     def estimates(self) -> tuple[list[float], list[float]]:
@@ -216,12 +219,19 @@ class TreeBudget:
         (looked at every `decide_every` steps: the estimates move slowly, and each look costs tens of us)."""
         if self.verified_weight > 0 and self.steps % self.decide_every == 1 % self.decide_every:
             speeds = self.speeds()
-            start = self.lowest if self.steps <= self.probe_every else 0  # below `first`: after some evidence
+            start = self.lowest if self.steps <= self.probe_every and not self.floor_spent() else 0
             k = max(range(start, len(speeds)), key=speeds.__getitem__)
             if speeds[k] > (1 + self.margin) * speeds[self.current]:
                 self.current = k
             self.gain = speeds[self.current] * self.step_ms(1)
         return self.current
+
+    def floor_spent(self) -> bool:
+        """Whether the steps held at `first` have lost their share of the horizon's plain time (see the class
+        doc): then the chooser may fall below `first` before probe_every steps of evidence."""
+        if self.horizon is None or self.trial_share is None:
+            return False
+        return self.floor_lost > self.trial_share * self.horizon * self.step_ms(1)
 
     def choose(self, context: int | None = None) -> tuple[int, list[int]]:
         """(budget to verify this step, the other candidates whose trees to regrow for counterfactuals); costs
@@ -256,6 +266,8 @@ class TreeBudget:
         verified = next(iter(results)) if verified is None else verified
         base, decay = results[verified][0], self.decay
         v = self.candidates.index(verified)
+        if self.lowest and self.steps <= self.probe_every:  # a step held at `first`: its time over a plain step's
+            self.floor_lost += self.draft[v] + self.step_ms(results[verified][1]) - base * self.step_ms(1)
         if v > 0 and self.candidates[v - 1] in results:
             smaller = results[self.candidates[v - 1]][0]
             if base > smaller:  # a censoring seen uncensored: how far past the bound it went

@@ -128,7 +128,8 @@ class Cacheback(Proposer):
         self.crts = dict(self.ladder) if self.budget.auto else {c["tdl"]: c["crt"]}
         drafting = [t for t, crt in self.crts.items() if holds_chain(t, crt, c["fl"])]
         self.budget.start(state.request, lambda curve: TreeBudget(
-            curve, list(self.crts), context=len(state.committed), first=drafting[0] if drafting else None))
+            curve, list(self.crts), context=len(state.committed), first=drafting[0] if drafting else None,
+            horizon=state.request.max_new_tokens))
 
     def _grow(self, context, tdl: int, crt: int):
         return grow_tree(context, self.tables, tdl, crt, refed=1, merge=self.config["merge"])

@@ -124,7 +124,8 @@ class Eagle(Proposer):
         # the head's cache; rows 0..exact-1 hold true features
         self.cache, self.exact = compat.new_dynamic_cache(head.config), 0
         self.pending: list[torch.Tensor] = []  # features (d,) of positions exact.. not yet fed to the head
-        # never a plain step before any evidence (`first`): the chooser falls to 0 only after probe_every steps
+        # never a plain step before any evidence (`first`): the chooser falls to 0 after probe_every steps, or once
+        # those lost trial_share of the plain time of max_new_tokens
         self.head_price = self.draft_ms = None
         if self.budget.auto:  # a budget b pays the head forwards of the next rung above it (the module doc)
             ms = self.head_price = self.head_ms if self.head_ms is not None else head_forward_ms(head, req.target)
@@ -133,7 +134,7 @@ class Eagle(Proposer):
             self.spent = {b: ms * min(self.depth, b) for b in BUDGET_LADDER}
             self.draft_ms = lambda b: self.spent[above[b]] if b else 0.0  # noqa: E731
         self.budget.start(req, lambda curve: TreeBudget(curve, BUDGET_LADDER, context=len(state.committed), first=1,
-                                                        draft_ms=self.draft_ms))
+                                                        draft_ms=self.draft_ms, horizon=req.max_new_tokens))
         self.head_forwards = self.head_rows = 0
 
     def _head(self, feats: torch.Tensor, tokens: list[int], positions: list[int], sees: torch.Tensor):
