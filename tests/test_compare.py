@@ -164,8 +164,11 @@ def test_never_slower_is_each_method_over_autoregressive_of_its_own_setting(tmp_
     # a saved run reads back as it was written: the harness's JSON and bench.long_context's CSV
     (tmp_path / "bench_code_cpu_x.json").write_text(json.dumps(dict(
         meta=dict(suite="code", machine=dict(device="cpu")), summary=summary(10.0, {}).to_dict("records"))))
-    summary(10.0, {}).assign(device="CPU test").to_csv(tmp_path / "long_context_x.csv", index=False)
+    summary(10.0, {}).assign(device="CPU test", timestamp="20261126-215455").to_csv(tmp_path / "long_context_x.csv",
+                                                                                  index=False)
     loaded, meta = compare.load_summary(tmp_path / "bench_code_cpu_x.json")
     assert meta["suite"] == "code" and list(loaded.method) == ["hf", "autoregressive"]
     loaded, meta = compare.load_summary(tmp_path / "long_context_x.csv")
     assert meta["device"] == "CPU test" and loaded.tokens_per_s.tolist() == [50.0, 10.0]
+    assert compare.when(meta) == "2026-11-26 21:54" and compare.when({}) == "not recorded"
+    assert compare.never_markdown(table, {"tiny": meta}).endswith("Measured: tiny 2026-11-26 21:54; smol not recorded.")

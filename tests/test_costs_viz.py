@@ -65,6 +65,20 @@ def test_forward_cost_on_tiny_target(tiny_pair):
         costs.forward_cost(tiny_pair.target, rows=(64,), prefix=1000)  # past the 1024-token context
 
 
+def test_batch_cost_times_batches_of_rows(tiny_pair):
+    """B sequences of R rows in one forward: B x R tokens, the roofline's arithmetic from the model's own sizes."""
+    df = costs.batch_cost(tiny_pair.target, batches=(4, 1), rows=(1, 2), prefix=16, repeats=2, name="target")
+    assert df[["batch", "rows"]].values.tolist() == [[1, 1], [1, 2], [4, 1], [4, 2]]
+    assert (df.tokens == df.batch * df.rows).all() and df.relative.iloc[0] == pytest.approx(1.0)
+    params = sum(p.numel() for p in tiny_pair.target.parameters())
+    np.testing.assert_allclose(df.flop_per_byte, 2 * params * df.tokens / (4 * params))  # float32: 4 bytes each
+    np.testing.assert_allclose(df.gflops, 2 * params * df.tokens / (df.median_ms * 1e6))
+    with pytest.raises(ValueError, match="batch"):
+        costs.forward_cost(tiny_pair.target, rows=(1,), prefix=16, batch=2, lazy_head=True)
+    with pytest.raises(ValueError, match="batch"):
+        costs.batch_cost(tiny_pair.target, batches=(0,), rows=(1,), prefix=16)
+
+
 def test_verify_cost_times_a_loop_step(tiny_pair):
     # verify() refuses a cache that holds anything but the prefix, so each repeat also checks the rollback
     df = costs.verify_cost(tiny_pair.target, rows=(16, 1), prefix=16, repeats=2, warmup=1, name="step")

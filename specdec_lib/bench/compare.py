@@ -110,7 +110,17 @@ def load_summary(path) -> tuple[pd.DataFrame, dict]:
         return pd.DataFrame(data["summary"]), data["meta"]
     table = pd.read_csv(path)
     meta = dict(device=str(table.device.iloc[0]) if "device" in table else "?", suite="long_code")
+    if "timestamp" in table:
+        meta["timestamp"] = str(table.timestamp.iloc[0])
     return table, meta
+
+
+def when(meta: dict) -> str:
+    """A saved run's time as 2026-11-26 21:54 (its meta's timestamp, 20261126-215455), or 'not recorded'."""
+    stamp = str(meta.get("timestamp", ""))
+    if len(stamp) != 15 or stamp[8] != "-":
+        return "not recorded"
+    return f"{stamp[:4]}-{stamp[4:6]}-{stamp[6:8]} {stamp[9:11]}:{stamp[11:13]}"
 
 
 def never_slower(summaries: dict[str, pd.DataFrame]) -> pd.DataFrame:
@@ -173,6 +183,7 @@ def never_markdown(table: pd.DataFrame, metas: dict) -> str:
             value = getattr(r, NEVER_FILES.get(setting, (None, "vs_autoregressive"))[1])
             row.append(f"{value:.2f}" + (" (differs!)" if getattr(r, "all_match_hf", None) is False else ""))
         lines.append(f"| {method} | " + " | ".join(row) + " |")
+    lines += ["", "Measured: " + "; ".join(f"{s} {when(metas.get(s, {}))}" for s in settings) + "."]
     return "\n".join(lines)
 
 

@@ -13,8 +13,13 @@
   verification, Leviathan's assumption; read the real value off `forward_cost`, see `verify_overhead`).
 - `measured_agreement(target, draft, input_ids)`: greedy top-1 agreement of draft and target along a text,
   a stand-in for alpha under greedy decoding.
+- `batch_cost(model, batches, rows)`: forward_cost for B sequences at once, with the roofline's arithmetic: a
+  forward reads the weights once and does about 2 x params FLOPs per row, so the FLOPs per byte of weights grow
+  with B x R, and the achieved GFLOP/s grow with them until the arithmetic, not the reading, is the limit.
 
-Simplifications: batch size 1; acceptance is modelled as independent of position (real acceptance falls along a chain, and varies by context).
+Simplifications: batch size 1 (but in `batch_cost`); the roofline counts matmul FLOPs as 2 x params per row
+(attention over the prefix and the KV reads left out); acceptance is modelled as independent of position (real
+acceptance falls along a chain, and varies by context).
 """
 from __future__ import annotations
 
@@ -25,8 +30,8 @@ import torch
 from ..mechanisms.cost_curve import CostCurve
 from ..mechanisms.step_cost import DEFAULT_ROWS, forward_cost, verify_cost
 
-__all__ = ["DEFAULT_ROWS", "expected_speedup", "expected_tokens_per_step", "forward_cost", "measured_agreement",
-           "verify_cost", "verify_overhead"]
+__all__ = ["DEFAULT_ROWS", "batch_cost", "expected_speedup", "expected_tokens_per_step", "forward_cost",
+           "measured_agreement", "verify_cost", "verify_overhead"]
 
 
 def verify_overhead(costs: pd.DataFrame, model: str, gamma: int) -> float:
@@ -76,3 +81,20 @@ def measured_agreement(target, draft, input_ids) -> float:
         t = target(input_ids=ids.to(next(target.parameters()).device)).logits[0].argmax(-1)  # (P,)
         d = draft(input_ids=ids.to(next(draft.parameters()).device)).logits[0].argmax(-1)  # (P,)
     return float((t.cpu() == d.cpu()).float().mean())
+
+
+def batch_cost(model, batches=(1, 2, 4, 8), rows=(1, 2, 4, 8, 16), prefix: int = 256, repeats: int = 7,
+               name: str | None = None) -> pd.DataFrame:
+    """`forward_cost` for each batch size B (B sequences, R new rows each, B x R `tokens` in one forward), with
+    ms per token, the cost relative to one row of one sequence, and the roofline's two numbers: `flop_per_byte`
+    (2 x params x tokens FLOPs over the weights' bytes, read once per forward) and the achieved `gflops`."""
+    params = sum(p.numel() for p in model.parameters())  # tied embeddings counted once
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    df = pd.concat([forward_cost(model, rows, prefix=prefix, repeats=repeats, warmup=2, name=name, batch=b)
+                    for b in sorted(set(int(b) for b in batches))], ignore_index=True)
+    df["tokens"] = df["batch"] * df["rows"]
+    df["ms_per_token"] = df["median_ms"] / df["tokens"]
+    df["relative"] = df["median_ms"] / df["median_ms"].iloc[0]  # over B = 1, R = 1 (the smallest of each)
+    df["flop_per_byte"] = 2 * params * df["tokens"] / weight_bytes
+    df["gflops"] = 2 * params * df["tokens"] / (df["median_ms"] * 1e6)  # FLOP per ms / 1e6 = GFLOP/s
+    return df

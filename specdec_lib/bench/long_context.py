@@ -18,6 +18,7 @@ that what the loop's cache saves is told apart from what drafting gains.
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -78,7 +79,8 @@ def main(argv=None) -> None:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        summary.assign(device=machine_info(pair)["device"]).to_csv(out / f"long_context_{args.tag}.csv", index=False)
+        summary.assign(device=machine_info(pair)["device"], timestamp=time.strftime("%Y%m%d-%H%M%S")).to_csv(
+            out / f"long_context_{args.tag}.csv", index=False)
         runs.to_csv(out / f"long_context_{args.tag}_runs.csv", index=False)
         print(f"wrote {out / f'long_context_{args.tag}.csv'}")
 
