@@ -50,7 +50,8 @@ def smoke_workbook(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smol_workbook(tmp_path_factory):
     """Every notebook executed once in SMOKE mode with MODELS = "smol" (the real pair: SmolLM2-135M-Instruct and
-    its exit draft), as a user would run them with that one parameter changed."""
+    its exit draft), as a user would run them with that one parameter changed; the exercises' solution cells run
+    on the tiny pair (smoke_workbook) and are left out here (each is minutes of the real pair's time in CI)."""
     from specdec_lib.tools import run_notebooks
 
     out = tmp_path_factory.mktemp("workbook_smol")
@@ -58,7 +59,7 @@ def smol_workbook(tmp_path_factory):
         mp.setenv("SPECDEC_CACHE", str(out / "cache"))
         mp.setenv("JUPYTER_DATA_DIR", str(tmp_path_factory.mktemp("jupyter_data_smol")))
         runs = run_notebooks.run_all(out, smoke=True, timeout=600, log=lambda *a, **k: None,
-                                     params={"MODELS": "smol"})
+                                     params={"MODELS": "smol"}, skip_exercises=True)
     return {"out": out, "runs": {run.name: run for run in runs}}
 
 

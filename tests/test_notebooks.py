@@ -22,6 +22,18 @@ def test_there_are_notebooks():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_the_exercise_cells_left_out_on_the_real_pair_are_only_those_after_the_exercises(path):
+    """run_notebooks(skip_exercises=True) (the real pair's CI run) drops the solution and answer-check cells: every
+    one of them sits after the "## Exercises" heading, and every code cell after the heading but the checkers'
+    definitions is one of them."""
+    cells = nbformat.read(path, as_version=4).cells
+    heading = next(i for i, c in enumerate(cells) if c.cell_type == "markdown" and "## Exercises" in c.source)
+    skipped = [i for i, c in enumerate(cells) if run_notebooks.is_exercise_cell(c)]
+    assert skipped and min(skipped) > heading, (path.name, skipped, heading)
+    assert not run_notebooks.is_exercise_cell(nbformat.v4.new_markdown_cell("# Exercise 1"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_in_smoke_mode(path, smoke_workbook):
     run = smoke_workbook["runs"][path.name]
     assert run.ok, f"{run.name} failed:\n{run.error}"

@@ -98,16 +98,28 @@ def _poll_shell_in_slices(client, slice_s: float = 0.5) -> None:
     channel.get_msg = get_msg
 
 
+def is_exercise_cell(cell) -> bool:
+    """A code cell of the exercises: a solution (collapsed, "# Exercise N, the solution", or tagged "solution")
+    or an answer's check ("# Exercise N, check your answers")."""
+    if cell.get("cell_type") != "code":
+        return False
+    source = "".join(cell.get("source", ""))
+    return source.startswith(("# Exercise", "# Solution")) or "solution" in cell.get("metadata", {}).get("tags", [])
+
+
 def run_notebook(path, out_dir, smoke: bool = False, timeout: int = 600, kernel_name: str = "python3",
-                 html: bool = True, params: dict | None = None) -> NotebookRun:
+                 html: bool = True, params: dict | None = None, skip_exercises: bool = False) -> NotebookRun:
     """Execute one notebook into `out_dir/<name>.ipynb` (and `<name>.html` when `html`); never raises on a cell
-    error (see `.error`)."""
+    error (see `.error`). skip_exercises: the exercises' solution and check cells are left out (the tests run them
+    on the tiny pair, and on the real pair only the notebook's own sections: CI's time)."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
     path, out_dir = Path(path), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     nb = nbformat.read(path, as_version=4)
+    if skip_exercises:
+        nb.cells = [cell for cell in nb.cells if not is_exercise_cell(cell)]
     settings = {"FIGURES_DIR": str((out_dir / path.stem).resolve()), **(params or {})}
     if smoke:
         settings["SMOKE"] = True
@@ -161,8 +173,8 @@ def find_notebooks(notebooks_dir=NOTEBOOKS_DIR, pattern: str = "*.ipynb") -> lis
 
 
 def run_all(out_dir, smoke: bool = False, pattern: str = "*.ipynb", notebooks_dir=NOTEBOOKS_DIR,
-            timeout: int = 600, stop_on_error: bool = False, log=print, params: dict | None = None
-            ) -> list[NotebookRun]:
+            timeout: int = 600, stop_on_error: bool = False, log=print, params: dict | None = None,
+            skip_exercises: bool = False) -> list[NotebookRun]:
     """Execute every notebook matching `pattern` into `out_dir` (`params`: more settings injected after the
     parameters cell, e.g. {"MODELS": "tiny"}), then write `out_dir/index.html`."""
     paths = find_notebooks(notebooks_dir, pattern)
@@ -171,7 +183,7 @@ def run_all(out_dir, smoke: bool = False, pattern: str = "*.ipynb", notebooks_di
     runs = []
     for path in paths:
         log(f"running {path.name}{' (smoke)' if smoke else ''} ...", flush=True)
-        run = run_notebook(path, out_dir, smoke=smoke, timeout=timeout, params=params)
+        run = run_notebook(path, out_dir, smoke=smoke, timeout=timeout, params=params, skip_exercises=skip_exercises)
         runs.append(run)
         log(f"  {'ok' if run.ok else 'FAILED'} in {run.seconds:.1f} s -> {run.output}", flush=True)
         for text in run.stderr:
