@@ -135,6 +135,7 @@ def test_radar_and_cost_per_token_figures_carry_the_data(tiny_pair, runs):
     verify = sum(s["verify_ms"] for s in steps) / sum(s["emitted"] for s in steps)
     assert [t.name for t in fig.data] == ["draft", "verify", "update"] and list(fig.data[1].y) == ["prompt_lookup"]
     assert np.isclose(fig.data[1].x[0], verify)
+    assert np.isclose(viz.compare.per_token_costs(results["prompt_lookup"])["verify"], verify)
     box = viz.why_explorer(results)
     assert box.state["label"] == "prompt_lookup" and len(box.state["figures"][0].data[0].y) == len(steps)
     with pytest.raises(ValueError, match="step records"):

@@ -59,7 +59,8 @@ def efficiency_figure(table, title: str = "Measured speedup and the bound MAT x 
     return fig
 
 
-def _per_token(result) -> dict[str, float]:
+def per_token_costs(result) -> dict[str, float]:
+    """{draft, verify, update}: ms per generated token from a run's step records (the "why" view's bars)."""
     steps = step_records(result)
     tokens = sum(s["emitted"] for s in steps) or 1
     return {name: sum(s[key] for s in steps) * scale / tokens for name, key, scale, _ in PARTS}
@@ -68,7 +69,7 @@ def _per_token(result) -> dict[str, float]:
 def cost_per_token_figure(results: dict, title: str = "Why (no) speedup: ms per generated token") -> go.Figure:
     """Stacked bars of draft / verify / update ms per generated token, one bar per run (runs with steps)."""
     labels = [label for label, result in results.items() if _has_steps(result)]
-    costs = {label: _per_token(results[label]) for label in labels}
+    costs = {label: per_token_costs(results[label]) for label in labels}
     fig = go.Figure([go.Bar(y=labels, x=[costs[label][name] for label in labels], name=name, orientation="h",
                             marker_color=color) for name, _, _, color in PARTS])
     fig.update_layout(title=title, barmode="stack", xaxis_title="ms per generated token",
@@ -128,7 +129,7 @@ def why_explorer(results: dict):
 
     def update(_=None):
         result = results[choose.value]
-        costs = _per_token(result)
+        costs = per_token_costs(result)
         status.value = (f"{choose.value}: {len(step_records(result))} steps, MAT {result.mat:.2f}; "
                         f"per token: draft {costs['draft']:.2f} ms + verify {costs['verify']:.2f} ms + update "
                         f"{costs['update']:.2f} ms")
