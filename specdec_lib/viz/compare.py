@@ -8,6 +8,7 @@ speedup?" from the per-step records.
 - `cost_per_token_figure(results)`: for each {label: GenerationResult}, milliseconds per generated token split
   into draft, verify (target forward + verdict) and update (bookkeeping), from the step records: a method is
   faster than autoregressive only when the whole bar is shorter than autoregressive's verify bar.
+  `per_token_costs(result)` gives one run's three numbers, for a table.
 - `step_costs_figure(result)`: one run step by step: tokens emitted per step (bars) with draft and verify ms (lines).
 - `why_explorer(results)`: pick a run, see its steps and its cost per token against the others.
 - `never_slower_figure(table)`: each method's speed over the loop's plain decoding in each setting (grouped bars,
