@@ -20,7 +20,10 @@ def dry_report(tmp_path_factory):
 def test_dry_report_runs_every_step_and_writes_the_summary(dry_report):
     out, summary = dry_report
     folder = out / "cpu-dry"
-    assert [s["step"] for s in summary["steps"]] == list(gpu_report.STEPS)
+    assert [s["step"] for s in summary["steps"] if s["step"] != "threads"] == list(gpu_report.STEPS)
+    threads = [s for s in summary["steps"] if s["step"] == "threads"]
+    assert [s["step"] for s in summary["steps"]].index("threads") == 2  # chosen right after the overhead step
+    assert len(threads) == 1 and threads[0]["detail"].split(":")[0].isdigit()
     assert all(s["status"] == "ok" for s in summary["steps"]), summary["steps"]
     assert summary["dtype"] == "bfloat16" and summary["dry"] is True
     assert json.loads((folder / "summary.json").read_text()) == summary
@@ -51,7 +54,7 @@ def test_dry_choices_layout_and_hub_shapes(dry_report):
     layout = pd.read_csv(folder / "flex_layout.csv")
     assert {"(a) layout", "(c) full"} <= set(layout.case) and (layout.dtype == "bfloat16").all()
     overhead = pd.read_csv(folder / "overhead.csv")
-    assert set(overhead.method) == {"hf", "autoregressive"} and overhead.threads.nunique() == 2
+    assert set(overhead.method) == {"hf", "autoregressive", "autoregressive, full head"} and overhead.threads.nunique() == 2
     assert (overhead.ms_per_token > 0).all() and overhead[overhead.method == "autoregressive"].verify_ms_median.gt(0).all()
     assert "Self CPU" in (folder / "overhead_profile.txt").read_text()
     curves = pd.read_csv(folder / "hub_shapes.csv")
@@ -86,3 +89,11 @@ def test_device_slug_names_the_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     assert gpu_report.device_slug(torch.device("cuda"), dry=False) == "nvidia-h100-80gb-hbm3"
     assert gpu_report.device_slug(torch.device("cpu"), dry=True) == "cpu-dry"
+
+
+def test_choose_threads_reads_the_overhead_steps_plain_step():
+    table = pd.DataFrame(dict(threads=[16, 16, 1, 1], method=["autoregressive"] * 4, ms_per_token=[60.0, 50.0, 9.0, 8.0]))
+    assert gpu_report.choose_threads(table)[0] == 1
+    assert gpu_report.choose_threads(table.assign(ms_per_token=[5.0, 6.0, 9.0, 8.0]))[0] == 16
+    assert gpu_report.choose_threads(table, "4") == (4, "given")
+    assert gpu_report.choose_threads(None)[0] == torch.get_num_threads()
