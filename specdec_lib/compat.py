@@ -39,6 +39,7 @@ Simplifications: batch size 1 for `query_rows`; `crop` serves full-attention (Dy
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 from contextlib import contextmanager
 from functools import lru_cache
@@ -198,6 +199,25 @@ class _BufferLayer(CacheLayerMixin):
 
     def get_max_length(self):
         return self.owner.capacity
+
+
+# ---- attention kernels at decode time ------------------------------------------------------------------------
+
+def decode_attention(device):
+    """The SDPA kernels a decode may use on `device`: on CUDA every backend but cuDNN's, elsewhere torch's choice.
+
+    torch picks cuDNN attention first on an H100 (torch 2.11), and cuDNN builds an execution plan for every new
+    shape and stride it meets, about 8 ms of CPU per layer call, cached per shape: a decode meets a new KV length
+    at every step, so each step paid it (the first H100 run: the loop's plain step at 0.22x HF's greedy decoding,
+    HF's own greedy at 59 ms a token on a prompt's first run and 10 ms on its second; `aten::_cudnn_attention_forward`
+    was 84 % of the profiled CPU time, data/results/gpu/nvidia-h100-80gb-hbm3/). Flash and memory-efficient
+    attention need no plan. Entered by `generate` and by the cost-curve timings, so both price the same kernels.
+    """
+    if torch.device(device).type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 # ---- private torch ops ------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from typing import Callable
 
 import torch
 
+from . import compat
 from .checks import check_int
 from .models import check_same_vocab, synchronize, vocab_size
 from .sampling import SamplingConfig, make_generator
@@ -189,7 +190,7 @@ def generate(method: str, target, input_ids, max_new_tokens: int, *, draft=None,
         return GenerationResult([], [], 0, 0.0, method)
     synchronize(device)
     start = request.started = time.perf_counter()
-    with torch.inference_mode():
+    with torch.inference_mode(), compat.decode_attention(device):
         result = spec.decode(request, **config)
     synchronize(device)
     result.wall_seconds = time.perf_counter() - start

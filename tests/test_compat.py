@@ -158,3 +158,15 @@ def test_no_method_warns_a_deprecation(pair, method):
     deprecations = [f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in caught
                     if issubclass(w.category, (FutureWarning, DeprecationWarning))]
     assert not deprecations, deprecations
+
+
+def test_decode_attention_leaves_cudnn_out_on_cuda_only():
+    # the flags are process-wide switches (no GPU needed to set them): inside, cuDNN's SDPA is off and the others on
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    with compat.decode_attention(torch.device("cuda")):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+        assert torch.backends.cuda.math_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    with compat.decode_attention("cpu"):
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before  # a CPU decode keeps torch's choice

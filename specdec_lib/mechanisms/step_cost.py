@@ -48,7 +48,7 @@ def _time_steps(model, rows, prefix: int, repeats: int, warmup: int, name: str |
     ids = torch.randint(1, vocab_size(model), (batch, prefix + rows[-1]), generator=generator)
     ids = ids.to(device)  # (B, P + Rmax)
     records = []
-    with torch.inference_mode():
+    with torch.inference_mode(), compat.decode_attention(device):
         cache = new_cache(model, capacity=prefix + rows[-1])  # the loop's kind of cache
         compat.forward(model, input_ids=ids[:, :prefix], cache=cache, use_cache=True)
         for r in rows:

@@ -144,6 +144,8 @@ def step_bench(out: Path, device, dtype, size) -> pd.DataFrame:
         every_runs.append(runs.assign(run=number))
         table = summarize(runs).assign(run=number)
         tables.append(table if not every_runs[:-1] else table[~table.method.isin(BASELINES)])  # baselines once
+        pd.concat(tables, ignore_index=True).to_csv(out / "bench.partial.csv", index=False)  # a lease that ends
+        # mid-step keeps the runs done
     if every_runs:
         pd.concat(every_runs, ignore_index=True).to_csv(out / "bench_code_runs.csv", index=False)
     return pd.concat(tables, ignore_index=True)
