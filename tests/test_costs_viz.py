@@ -77,6 +77,10 @@ def test_batch_cost_times_batches_of_rows(tiny_pair):
         costs.forward_cost(tiny_pair.target, rows=(1,), prefix=16, batch=2, lazy_head=True)
     with pytest.raises(ValueError, match="batch"):
         costs.batch_cost(tiny_pair.target, batches=(0,), rows=(1,), prefix=16)
+    fig = viz.batch_roofline_figure(df)
+    assert [t.name for t in fig.data] == ["B = 1", "B = 4"]
+    assert list(fig.data[1].x) == [4, 8] and list(fig.data[1].y) == df[df.batch == 4].gflops.tolist()
+    assert fig.layout.xaxis.type == "log"
 
 
 def test_verify_cost_times_a_loop_step(tiny_pair):

@@ -36,7 +36,7 @@ __all__ = ["DEFAULT_ROWS", "batch_cost", "expected_speedup", "expected_tokens_pe
 
 def verify_overhead(costs: pd.DataFrame, model: str, gamma: int) -> float:
     """Cost of a (gamma + 1)-token forward relative to a 1-token one, from a `forward_cost` table (read as the
-    auto budgets read a curve, cost_curve.CostCurve: more rows never cost less, so it is at least 1)."""
+    auto budgets read a curve, cost_curve.CostCurve: floored at the one-row price, so it is at least 1)."""
     rows = costs[costs["model"] == model]
     if rows.empty:
         raise ValueError(f"no rows for model {model!r}; models: {sorted(costs['model'].unique())}")

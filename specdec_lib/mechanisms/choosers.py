@@ -19,7 +19,9 @@ Two estimators of E[tokens | b]:
   so
       E[tokens | g] = 1 + sum_{d=1..g} prod_{j<=d} a_j        (Leviathan's formula without the i.i.d. a);
   a verified chain of g shows exactly what any shorter chain would have yielded; deeper depths are explored
-  by optimism (a bonus on a_d shrinking as 1 / sqrt(times depth d was reached), UCB-like, no coin).
+  by optimism (a bonus on a_d shrinking as 1 / sqrt(times depth d was reached), UCB-like, no coin); the counts
+  forget (CHAIN_DECAY per verified step), so the estimate follows the text's regime; the bonus
+  picks the depth only: whether to draft at all (against a plain step) is judged on the counts without it.
 - `TreeBudget` (a tree grown to a size budget: Cacheback's TDL, Lookahead's guesses, FAFO's find-out
   candidates, EAGLE's nodes): a ladder of candidates, compared on the same steps (a ratio estimator). A step's
   verdict tells, for every tree the proposer regrows for a neighbouring candidate, what that tree would have
@@ -42,6 +44,8 @@ import numpy as np
 
 from ..checks import check_int
 
+# a chain's per-depth counts forget at this rate per verified step (an effective memory of about 20 steps)
+CHAIN_DECAY = 0.95
 # the share of the time a budget's trials may lose (SideBudget's warm-up and probes, the choosers' probes)
 TRIAL_SHARE = 0.03
 
@@ -64,8 +68,11 @@ class ChainBudget:
 
     def __init__(self, curve, max_len: int = 16, draft_ms: Callable[[int], float] | None = None,
                  prior: float = 0.5, strength: float = 2.0, explore: float = 0.25, plain: bool = True,
-                 probe_every: int = 16, trial_share: float | None = TRIAL_SHARE):
+                 probe_every: int = 16, trial_share: float | None = TRIAL_SHARE, decay: float = CHAIN_DECAY):
         self.costs, self.max_len = curve, check_int("max_len", max_len, 1)  # a CostCurve or a ContextCosts
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], got {decay!r}")
+        self.decay = decay
         self.curve = curve.at(0)
         self.draft_ms = draft_ms or (lambda g: 0.0)
         self.prior, self.strength, self.explore = prior, strength, explore
@@ -96,10 +103,14 @@ class ChainBudget:
         if context is not None:
             self.curve = self.costs.at(context)
         top = self.max_len if limit is None else max(1, min(self.max_len, limit))
-        tokens = self.expected_tokens(optimistic=True)
-        speed = [tokens[g] / (self.draft_ms(g) + self.curve(g + 1)) for g in range(0, top + 1)]
+        step_ms = np.array([self.draft_ms(g) + self.curve(g + 1) for g in range(0, top + 1)])
+        # the optimism picks how deep to draft; whether to draft at all is judged without it, so a draft that the
+        # counts say loses is not kept up by its bonus (a real pair's weak draft on a CPU lost 11 % so): a plain
+        # step wins ties, and probes (bounded by trial_share) keep testing that verdict
+        speed = self.expected_tokens(optimistic=True)[:top + 1] / step_ms  # (top + 1,)
+        sure = self.expected_tokens()[:top + 1] / step_ms
         g = 1 + int(np.argmax(speed[1:]))
-        if self.plain and speed[0] >= speed[g]:
+        if self.plain and sure[0] >= sure[1:].max():
             self.plain_run += 1
             if self.plain_run < self.probe_wait(g):
                 g = 0
@@ -107,7 +118,7 @@ class ChainBudget:
                 self.plain_run = 0
         else:
             self.plain_run = 0
-        self.gain = speed[g] / speed[0]
+        self.gain = sure[g] / sure[0]
         return g
 
     def probe_wait(self, g: int) -> int:
@@ -122,6 +133,8 @@ class ChainBudget:
         """One verified chain: depths 1..accepted accepted, depth accepted + 1 reached and rejected (if drafted)."""
         drafted = min(drafted, self.max_len)
         reached = min(accepted + 1, drafted)
+        self.reached *= self.decay  # older steps count less: acceptance follows the text (an answer's opening
+        self.accepted *= self.decay  # lines are easy, its body is not), and the counts should follow it too
         self.reached[1:reached + 1] += 1
         self.accepted[1:min(accepted, drafted) + 1] += 1
 

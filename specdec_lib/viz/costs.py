@@ -5,6 +5,8 @@
   with the break-even contour.
 - `speedup_explorer(cost_ratio)`: sliders for alpha, gamma, cost ratio and verify overhead over the
   speedup-vs-gamma curve.
+- `batch_roofline_figure(df)`: achieved GFLOP/s against tokens per forward (B sequences x R rows), one line per
+  batch size, from `costs.batch_cost`: the roofline's rising part, then its plateau.
 - `cost_figure(df, x, y, color)`: any timing against a parameter, one line per `color` group (table
   operations against capacity, mask building against rows, ...).
 
@@ -34,6 +36,26 @@ def cost_curve_figure(costs, y: str = "median_ms") -> go.Figure:
     fig.update_layout(title=f"Cost of one forward vs its query rows{prefix}",
                       xaxis_title="query rows (new tokens in the forward)", yaxis_title="ms per forward (median)", template="plotly_white", legend_title="model")
     fig.update_xaxes(type="log", tickvals=sorted(costs["rows"].unique().tolist()))
+    return fig
+
+
+def batch_roofline_figure(batch_costs) -> go.Figure:
+    """Achieved GFLOP/s against tokens per forward (B x R), one line per batch size B, log-x, from
+    `costs.batch_cost`: while the weights' reads dominate, the rate grows with the tokens that share them (the
+    roofline's slope); where arithmetic dominates it levels off (its plateau), and extra rows stop being free."""
+    fig = go.Figure()
+    for batch, part in batch_costs.groupby("batch", sort=True):
+        part = part.sort_values("tokens")
+        fig.add_trace(go.Scatter(
+            x=part["tokens"].tolist(), y=part["gflops"].tolist(), mode="lines+markers", name=f"B = {batch}",
+            customdata=np.stack([part["rows"], part["median_ms"], part["ms_per_token"]], axis=1).tolist(),
+            hovertemplate="B = " + str(batch) + ", R = %{customdata[0]}<br>%{x} tokens in %{customdata[1]:.1f} ms "
+                          "(%{customdata[2]:.2f} ms a token)<br>%{y:.1f} GFLOP/s<extra></extra>"))
+    model = f" of {batch_costs['model'].iloc[0]}" if "model" in batch_costs else ""
+    fig.update_layout(title=f"What a forward{model} achieves: B sequences x R rows each",
+                      xaxis_title="tokens per forward (B x R)", yaxis_title="achieved GFLOP/s (2 x params per token)",
+                      template="plotly_white", legend_title="batch size")
+    fig.update_xaxes(type="log", tickvals=sorted(batch_costs["tokens"].unique().tolist()))
     return fig
 
 
