@@ -39,9 +39,8 @@ Simplifications: batch size 1 for `query_rows`; `crop` serves full-attention (Dy
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import lru_cache
 
 import torch
@@ -214,7 +213,7 @@ def decode_attention(device):
     attention need no plan. Entered by `generate` and by the cost-curve timings, so both price the same kernels.
     """
     if torch.device(device).type != "cuda":
-        return contextlib.nullcontext()
+        return nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])

@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
 import re
+import threading
 import time
 import traceback
 from pathlib import Path
