@@ -55,7 +55,7 @@ def logical_reference(log, rows, sees, flags, compression, queries=None):
 def layout_attention(store, q):
     """Attention of every layer through the store's mask and buffers, run by its attention mode (attention.py) as
     the model's attention function runs it."""
-    mask = store._forwards[store._rows].block_mask
+    mask = store.block_mask_in_flight()
     outs = []
     for layer in range(store.layers_n):
         k, v = store.keys[layer][None], store.values[layer][None]  # (1, kv_heads, capacity, dim)
@@ -112,7 +112,12 @@ def test_layout_attention_equals_the_logical_gather(attention, compression):
 
 
 def test_compiled_flex_equals_the_logical_gather():
-    random_walk("compiled", StreamingLLM(2, 10), dtype=torch.float32, steps=6, tol=2e-5)
+    """Compiled flex pads every forward of 1-16 rows to 16 (one kernel, where an H200 compiled one per row count
+    for minutes): a larger forward's pattern left in the shared buffers must not leak into a smaller one's."""
+    store = random_walk("compiled", StreamingLLM(2, 10), dtype=torch.float32, steps=8, tol=2e-5)
+    assert sorted(store._forwards) == [16], "every forward of 1-9 rows ran the 16-row kernel"
+    assert [store.attention_mode.padded_rows(r) for r in (1, 16, 17, 100, 128, 129, 300)] == \
+        [16, 16, 32, 128, 128, 256, 384]
 
 
 def test_store_entries_are_swapped_not_shifted():
@@ -319,6 +324,11 @@ def test_auto_attention_falls_back_to_split_where_compiled_flex_fails(monkeypatc
     assert attention.choose_attention("cuda", torch.float16, 8, 2, 64)[0] == "split"
     assert attention.choose_attention("cuda", torch.bfloat16, 8, 2, 64)[0] == "compiled"
     assert probes == [(torch.float16, 64), (torch.bfloat16, 64)], "each device/dtype/shape is probed once"
+    # notebook 05 draws 2-row query blocks: Triton's kernels need multiples of 16 (an H200 refused 2 x 16), so
+    # "auto" takes split there, saying why, before any probe
+    mode, why = attention.choose_attention("cuda", torch.bfloat16, 8, 2, 64, blocks=(2, 16))
+    assert mode == "split" and "2 x 16" in why and len(probes) == 2
+    assert attention.choose_attention("cuda", torch.bfloat16, 8, 2, 64, blocks=(16, 32))[0] == "compiled"
 
 
 def test_the_compiled_flex_probe_reports_a_failure_instead_of_raising():

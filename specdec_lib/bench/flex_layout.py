@@ -101,7 +101,7 @@ def kernel_rows(length: int, rows: int, kv_budget: int, heads: int, kv_heads: in
         store.rollback(length)  # drop the previous timing step's rows (keeps the layout compressed)
         mask = store.prepare(positions, compressed_rows=flags)
         store.update(new, new, 0)
-        fl.flex(q, keys, values, mask, compiled=True)
+        store.attention_mode(store, q, keys, values, mask)  # compiled flex, rows padded as a forward pads them
 
     layout_step()
     in_fixed = store.compressed

@@ -66,11 +66,26 @@ class Flex:
     def __init__(self, compiled: bool):
         self.compiled, self.name = compiled, "compiled" if compiled else "eager"
 
+    def padded_rows(self, rows: int) -> int:
+        """The query rows the kernel runs for a forward of `rows`: compiled flex builds one kernel per query
+        length (dynamic=False), and a decode under "auto" budgets meets a new row count at almost every step
+        (an H200 spent minutes compiling FAFO's forwards), so compiled runs pad to a few sizes: 16, 32, 64, 128,
+        then multiples of 128. The padded rows see nothing of the forward and are sliced off."""
+        if not self.compiled:
+            return rows
+        if rows > 128:
+            return -(-rows // 128) * 128
+        return max(16, 1 << (rows - 1).bit_length())
+
     def new_forward(self) -> None:
         pass  # nothing shared between layers: the BlockMask is the store's
 
     def __call__(self, store, query, key, value, block_mask, scale=None):
-        return flex(query, key, value, block_mask, scale, self.compiled)  # (1, heads, R, dim)
+        rows = query.shape[2]
+        padded = block_mask.seq_lengths[0]
+        if padded > rows:  # (1, heads, padded, dim): zeros in the padded rows, whose outputs are dropped
+            query = torch.nn.functional.pad(query, (0, 0, 0, padded - rows))
+        return flex(query, key, value, block_mask, scale, self.compiled)[:, :, :rows]  # (1, heads, R, dim)
 
 
 class Dense:
@@ -165,24 +180,31 @@ def _folded(query, key, value, mask, scale, groups):
 _MODES = {"compiled": partial(Flex, True), "eager": partial(Flex, False), "dense": Dense, "split": Split}
 
 
-def choose_attention(device, dtype, heads: int, kv_heads: int, head_dim: int) -> tuple[str, str]:
-    """(mode, why) for attention="auto": "split" on a CPU, "compiled" on a GPU where it runs, else "split"."""
+def choose_attention(device, dtype, heads: int, kv_heads: int, head_dim: int,
+                     blocks: tuple[int, int] = (128, 128)) -> tuple[str, str]:
+    """(mode, why) for attention="auto": "split" on a CPU, "compiled" on a GPU where it runs, else "split".
+    blocks: the BlockMask's (query, KV) block sizes; Triton's kernels need multiples of 16 (a drawing's 2-row query
+    blocks in notebook 05 are not)."""
     device = torch.device(device)
     if device.type != "cuda":
         return "split", ("split on a CPU: each row reads only the committed slots it sees (a compressed row the "
                          "fixed region), exact, and faster there than compiled flex")
+    if any(size % 16 for size in blocks):
+        return "split", (f"split, since compiled flex_attention on a GPU needs blocks that are multiples of 16 "
+                         f"(query x KV blocks here: {blocks[0]} x {blocks[1]})")
     problem = compiled_flex_problem(device, dtype, heads, kv_heads, head_dim)
     if problem:
         return "split", f"split, since {problem}"
     return "compiled", "compiled flex_attention: block-sparse, loads only the listed KV blocks"
 
 
-def make_mode(attention: str, device, dtype, heads: int, kv_heads: int, head_dim: int):
+def make_mode(attention: str, device, dtype, heads: int, kv_heads: int, head_dim: int,
+              blocks: tuple[int, int] = (128, 128)):
     """(mode object, why) for a store's `attention` argument: "auto" resolved by choose_attention (a fallback on
     a GPU is printed), one of ATTENTION_MODES taken as asked for, anything else refused."""
     reason = "asked for"
     if attention == "auto":
-        attention, reason = choose_attention(device, dtype, heads, kv_heads, head_dim)
+        attention, reason = choose_attention(device, dtype, heads, kv_heads, head_dim, blocks)
         if torch.device(device).type == "cuda" and attention != "compiled":
             print(f"FlexLayoutStore: {reason}")
     if attention not in ATTENTION_MODES:

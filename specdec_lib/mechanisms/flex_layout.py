@@ -136,7 +136,8 @@ class FlexLayoutStore(compat.BufferCache):
         self.slot_pos = torch.full((capacity,), -1, dtype=torch.long, device=device)
         self.queries = (torch.zeros(self.layers_n, heads, head_dim, dtype=dtype, device=device)
                         if self.compression.needs_queries else None)
-        self.attention_mode, self.attention_reason = make_mode(attention, device, dtype, heads, kv_heads, head_dim)
+        self.attention_mode, self.attention_reason = make_mode(attention, device, dtype, heads, kv_heads, head_dim,
+                                                                  (q_block, block))
         self.capacity, self.block, self.q_block = capacity, block, q_block
         self.fixed_blocks = -(-kv_budget // block)  # B_fixed
         self.length = self.compressed = self._base = self._rows = 0
@@ -196,10 +197,13 @@ class FlexLayoutStore(compat.BufferCache):
         if (sees is not None and sees.shape != (rows, rows)) or flags.shape != (rows,):
             raise ValueError(f"sees must be ({rows}, {rows}) and compressed_rows ({rows},) for {rows} positions")
         fwd = self._forward(rows)
+        padded = fwd.sees.shape[0] > rows  # compiled flex's padded rows (Flex.padded_rows)
+        if padded:  # a larger forward of the same size class left its pattern: a real row must not see
+            fwd.sees.zero_()  # the slots past its own forward's rows
         if sees is not None:
-            fwd.sees.copy_(sees)
+            fwd.sees[:rows, :rows].copy_(sees)
         self._sees_pending = pending
-        fwd.compressed_rows.copy_(flags)
+        fwd.compressed_rows[:rows].copy_(flags)
         self._base, self._rows, self._causal = self.length, rows, causal
         self.base_t.fill_(self.length)
         self.slot_pos[self.length:self.length + rows] = positions
@@ -208,18 +212,25 @@ class FlexLayoutStore(compat.BufferCache):
         return fwd.block_mask
 
     def _forward(self, rows: int) -> _Forward:
-        if rows not in self._forwards:  # once per row count: the mask_mod and block tables are reused after
+        """The static mask of R-row forwards, made once per size: R itself, or the padded size compiled flex
+        runs (`Flex.padded_rows`: one kernel serves every R up to it)."""
+        size = getattr(self.attention_mode, "padded_rows", int)(rows)
+        if size not in self._forwards:  # once per size: the mask_mod and block tables are reused after
             device = self.slot_pos.device
-            sees = torch.empty(rows, rows, dtype=torch.bool, device=device)  # written by each prepare before use
-            flags = torch.zeros(rows, dtype=torch.bool, device=device)
+            sees = torch.zeros(size, size, dtype=torch.bool, device=device)  # written by each prepare before use
+            flags = torch.zeros(size, dtype=torch.bool, device=device)
             mask_mod = masks.or_masks(rows_where(flags, below(self.compressed_t), below(self.base_t)),
                                       own_rows(sees, self.base_t))
-            q_blocks, kv_blocks = -(-rows // self.q_block), self.capacity // self.block
+            q_blocks, kv_blocks = -(-size // self.q_block), self.capacity // self.block
             block_mask = block_mask_from_tables(q_blocks, kv_blocks, (self.q_block, self.block), mask_mod,
-                                                (rows, self.capacity), device)
+                                                (size, self.capacity), device)
             block_mask.specdec_store = self  # how the attention function finds the store
-            self._forwards[rows] = _Forward(sees, flags, block_mask, [False] * q_blocks)
-        return self._forwards[rows]
+            self._forwards[size] = _Forward(sees, flags, block_mask, [False] * q_blocks)
+        return self._forwards[size]
+
+    def block_mask_in_flight(self):
+        """The BlockMask of the forward in flight (what `prepare` returned)."""
+        return self._forward(self._rows).block_mask
 
     def _write_blocks(self, fwd: _Forward, flags: list[bool]) -> None:
         """In place: per query block, how many KV blocks it loads and which (the O(1) per-step upkeep)."""
@@ -291,8 +302,8 @@ class FlexLayoutStore(compat.BufferCache):
     def forward_parts(self):
         """The forward in flight, as the attention modes read it: (base, rows, compressed, sees (R, R),
         compressed_rows (R,), causal): rows see slots < base (< compressed when flagged) and each other by sees."""
-        fwd = self._forwards[self._rows]
-        return self._base, self._rows, self.compressed, fwd.sees, fwd.compressed_rows, self._causal
+        fwd, rows = self._forward(self._rows), self._rows
+        return self._base, rows, self.compressed, fwd.sees[:rows, :rows], fwd.compressed_rows[:rows], self._causal
 
     def valid_slots(self) -> int:
         """Slots in use during the forward in flight: committed entries and its own rows."""
@@ -302,9 +313,9 @@ class FlexLayoutStore(compat.BufferCache):
         """The forward in flight's mask_mod evaluated on every (row, slot): bool (1, 1, R, capacity) (only the
         first valid_slots() columns are evaluated; the rest are False). Rendered on each call: the dense mode
         keeps it for the forward's other layers."""
-        fwd = self._forwards[self._rows]
+        fwd = self._forward(self._rows)
         if self._sees_pending:  # a split-mode prefill skipped writing its causal pattern: write it now
-            fwd.sees.copy_(torch.ones(self._rows, self._rows, dtype=torch.bool).tril())
+            fwd.sees[:self._rows, :self._rows].copy_(torch.ones(self._rows, self._rows, dtype=torch.bool).tril())
             self._sees_pending = False
         mask = torch.zeros(self._rows, self.capacity, dtype=torch.bool, device=self.slot_pos.device)  # (R, slots)
         mask[:, :self.valid_slots()] = masks.dense(fwd.block_mask.mask_mod, self._rows, self.valid_slots(),
@@ -325,4 +336,4 @@ class FlexLayoutStore(compat.BufferCache):
 
     def loaded_blocks(self, rows: int) -> list[int]:
         """KV blocks each query block of the last R-row forward loads."""
-        return self._forwards[rows].block_mask.kv_num_blocks[0, 0].tolist()
+        return self._forward(rows).block_mask.kv_num_blocks[0, 0].tolist()

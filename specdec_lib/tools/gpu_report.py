@@ -118,8 +118,10 @@ def step_notebooks(out: Path, device, dtype, size) -> pd.DataFrame:
     table = pd.DataFrame([dict(notebook=r.name, ok=r.ok, seconds=round(r.seconds, 1), stderr_outputs=len(r.stderr),
                                error=(r.error or "").strip().splitlines()[-1][:160] if r.error else "")
                           for r in runs])
-    if not table.ok.all():
-        raise RuntimeError(f"notebooks failed: {list(table.notebook[~table.ok])}")
+    if not table.ok.all():  # the table kept, and each failure's last line in the summary (an H200 lease once
+        table.to_csv(out / "notebooks.csv", index=False)  # had to be spent again just to read the error)
+        failed = table[~table.ok]
+        raise RuntimeError("notebooks failed: " + "; ".join(f"{r.notebook}: {r.error}" for r in failed.itertuples()))
     return table
 
 
