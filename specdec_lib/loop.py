@@ -126,6 +126,7 @@ def _steps(req, proposer, state, target, cache, spec, debug, lazy_head) -> Gener
         t2 = time.perf_counter()  # verify_ms: forward + verdict + commit (the verdict synchronised the device)
         state.tokens += emitted
         state.committed += emitted
+        verdict.verify_ms = (t2 - t1) * 1e3 if steps else None  # for budgets that learn costs (not the prefill)
         proposer.observe(state, verdict)
         t3 = time.perf_counter()
         lengths.append(len(emitted))

@@ -196,6 +196,43 @@ def test_chain_budget_drafts_past_a_kernel_switch_or_not_at_all():
     assert dear.choose() == 0
 
 
+def test_chain_budget_prices_rows_by_what_the_loops_steps_took():
+    """The curve says a 2-row step costs 5 % more than a plain one, so a draft accepted 30 % of the time pays;
+    the loop's own 2-row steps take 40 % more (as SmolLM2's did on a CPU): recorded, they stop the drafting.
+    A row count never run is scaled like the plain steps (the machine's speed now), and one slow step moves a
+    factor a fifth of the way (COST_RATE), not all of it."""
+    curve = C.CostCurve.from_points({1: 40.0, 2: 42.0, 3: 60.0, 64: 900.0})
+    chain = B.ChainBudget(curve, max_len=1, probe_every=1000)
+    for i in range(40):
+        chain.record(1, 1 if i % 10 < 3 else 0)
+    assert chain.choose() == 1, "by the curve one draft pays"
+    for _ in range(20):
+        chain.record_ms(1, 44.0)  # plain steps: the machine runs 10 % slower than when the curve was measured
+    assert chain.step_ms(1) == pytest.approx(44.0, rel=0.01) and chain.step_ms(3) == pytest.approx(66.0, rel=0.01)
+    assert chain.choose() == 1, "a uniform slowdown changes nothing"
+    chain.record_ms(2, 120.0)  # one outlier: 1.1 + 0.2 x (2.86 - 1.1) = 1.45, not 2.86
+    assert chain.step_ms(2) == pytest.approx(42.0 * 1.452, rel=0.01)
+    for _ in range(20):
+        chain.record_ms(2, 58.8)  # 2-row steps: 40 % above the curve
+    assert chain.choose() == 0, "priced by what its steps took, the draft no longer pays"
+
+
+def test_draft_model_learns_its_draft_forwards_cost_unless_injected():
+    """gamma="auto" with a measured draft curve moves t_draft(1) and the rollback toward what they took
+    (DRAFT_MS_RATE); injected draft_costs are taken as given."""
+    from specdec_lib.methods import draft_model as D
+
+    learned = D.DraftModel(gamma="auto", costs=C.CostCurve.from_points({1: 10.0, 64: 20.0}))
+    learned.forward_ms, learned.rollback_ms = 4.0, 0.0
+    for _ in range(30):
+        learned._learn("forward_ms", 6.0), learned._learn("rollback_ms", 1.0)
+    assert learned.drafting_ms(3) == pytest.approx(3 * 6.0 + 1.0, rel=0.01) and learned.drafting_ms(0) == 0.0
+    given = D.DraftModel(gamma="auto", draft_costs=C.CostCurve.from_points({1: 4.0, 64: 9.0}))
+    given.forward_ms, given.rollback_ms = 4.0, 0.0
+    given._learn("forward_ms", 6.0)
+    assert given.drafting_ms(3) == 12.0
+
+
 # ---------------------------------------------------------------- synthetic curves: the best expected speed, or none
 
 CHEAP = C.CostCurve.from_points({1: 10.0, 8: 10.5, 64: 12.0})      # rows nearly free (a GPU)

@@ -125,8 +125,12 @@ class Budget:
         if isinstance(self.chooser, TreeBudget):
             if "regrow" in proposal.carry:
                 self.chooser.record_proposal(proposal, verdict.emitted)
-        elif len(proposal.tree):
-            self.chooser.record(len(proposal.tree), len(verdict.accepted))
+        else:
+            if len(proposal.tree):
+                self.chooser.record(len(proposal.tree), len(verdict.accepted))
+            ms = verdict.verify_ms  # the loop's timing of this step (None: the prefill's)
+            if ms is not None and self.costs.get("costs") is None:  # a measured curve, corrected by the steps;
+                self.chooser.record_ms(len(proposal.tree) + 1, ms)  # an injected one is taken as given
 
     def stats(self) -> dict:
         return chooser_stats(self.chooser)

@@ -48,6 +48,8 @@ from ..checks import check_int
 CHAIN_DECAY = 0.95
 # the share of the time a budget's trials may lose (SideBudget's warm-up and probes, the choosers' probes)
 TRIAL_SHARE = 0.03
+# how fast a chain's per-row-count correction of the curve moves to what the loop's steps took (ChainBudget.record_ms)
+COST_RATE = 0.2
 
 
 def trial_wait(probe_every: int, lost_ms: float, step_ms: float | None, share: float | None) -> int:
@@ -80,6 +82,7 @@ class ChainBudget:
         self.trial_share = trial_share
         self.plain_run = 0  # plain steps chosen in a row (since the last probe)
         self.gain = None  # the last choice's expected tokens/ms over a plain step's
+        self.scale: dict[int, float] = {}  # rows -> measured / curve ms of the loop's steps (record_ms)
         self.reached = np.zeros(max_len + 1)  # index d: steps whose chain had a node at depth d reaching it
         self.accepted = np.zeros(max_len + 1)
 
@@ -103,7 +106,7 @@ class ChainBudget:
         if context is not None:
             self.curve = self.costs.at(context)
         top = self.max_len if limit is None else max(1, min(self.max_len, limit))
-        step_ms = np.array([self.draft_ms(g) + self.curve(g + 1) for g in range(0, top + 1)])
+        step_ms = np.array([self.draft_ms(g) + self.step_ms(g + 1) for g in range(0, top + 1)])
         # the optimism picks how deep to draft; whether to draft at all is judged without it, so a draft that the
         # counts say loses is not kept up by its bonus (a real pair's weak draft on a CPU lost 11 % so): a plain
         # step wins ties, and probes (bounded by trial_share) keep testing that verdict
@@ -125,9 +128,23 @@ class ChainBudget:
         """Plain steps before a probe at g: `probe_every`, or more where the probe's expected loss needs them."""
         if self.trial_share is None:
             return self.probe_every
-        plain = self.curve(1)
-        lost = self.draft_ms(g) + self.curve(g + 1) - self.expected_tokens()[g] * plain
+        plain = self.step_ms(1)
+        lost = self.draft_ms(g) + self.step_ms(g + 1) - self.expected_tokens()[g] * plain
         return trial_wait(self.probe_every, lost, plain, self.trial_share)
+
+    def step_ms(self, rows: int) -> float:
+        """A verify step of `rows` rows: the curve, times what the loop's steps of that many rows took against it
+        (`record_ms`; a row count not run yet: the plain steps' factor, the machine's speed now)."""
+        return self.curve(rows) * self.scale.get(rows, self.scale.get(1, 1.0))
+
+    def record_ms(self, rows: int, ms: float) -> None:
+        """One step of the loop with `rows` rows took `ms` (forward, verdict, commit). The curve times a bare
+        forward with a branchy tree; the loop's chain steps ran slower on SmolLM2 on a CPU (3 rows 12 % above a
+        plain step where the curve said 4 %), and that gap decided whether a weak draft paid. The factor starts
+        at the plain steps' and moves at COST_RATE, so one slow step does not condemn a row count."""
+        ratio = ms / max(self.curve(rows), 1e-9)
+        old = self.scale.get(rows, self.scale.get(1, ratio))
+        self.scale[rows] = old + COST_RATE * (ratio - old)
 
     def record(self, drafted: int, accepted: int) -> None:
         """One verified chain: depths 1..accepted accepted, depth accepted + 1 reached and rejected (if drafted)."""

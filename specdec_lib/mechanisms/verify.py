@@ -121,6 +121,7 @@ class Verdict:
     logits: object  # rows of root + nodes: (1 + n, V) tensor or RowLogits
     side_logits: torch.Tensor | None = None  # (S, V)
     emitted: list[int] = field(default_factory=list)
+    verify_ms: float | None = None  # set by the loop: the step's forward + verdict + commit (None: the prefill's)
 
 
 def attention_backend(model) -> str:

@@ -34,7 +34,11 @@ Draft budget from this machine (mechanisms/budget.py): gamma="auto" picks, each 
 0..16 (0: a plain step, where no draft pays; a draft is probed again every 16 such steps) maximising
 E[tokens | gamma] / (gamma x t_draft(1) + t_target(gamma + 1)), E from the per-depth acceptance
 counted online, t_draft and t_target the two models' forward costs measured here once (cached per device +
-model + dtype; `costs=` / `draft_costs=` inject them). adaptive=True is HF's heuristic instead (+2 after a full
+model + dtype; `costs=` / `draft_costs=` inject them). A draft forward in the loop costs more than the curve's
+(its cache's bookkeeping, the rollback, Python: on SmolLM2's draft on a CPU ~5-7 ms against 4.3, enough to make
+g = 2 look 5 % faster than plain when it was slower), so t_draft(1) is corrected online to what this
+generation's one- and two-token draft forwards took (an average moving at DRAFT_MS_RATE), plus the rollback's
+time per drafted step; injected draft_costs are taken as given (tests, what-ifs). adaptive=True is HF's heuristic instead (+2 after a full
 acceptance, -1 otherwise, blind to costs); the two exclude each other.
 
 Simplifications: batch size 1; draft and target on one device and sharing a tokenizer; no confidence-based
@@ -42,6 +46,8 @@ early stop of drafting (HF's assistant_confidence_threshold); the draft stops dr
 after it can be emitted); the adaptive schedule is HF's "heuristic" one.
 """
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -54,6 +60,7 @@ from ..sampling import probs, sample
 
 
 AUTO_MAX_GAMMA = 16  # gamma="auto" picks 1..16 drafts per step
+DRAFT_MS_RATE = 0.2  # gamma="auto": how fast the draft-forward and rollback estimates move to what they took
 
 
 @register_proposer("draft_model", needs_draft=True)
@@ -65,6 +72,7 @@ class DraftModel(Proposer):
 
     def __init__(self, gamma: int | str = "auto", adaptive: bool = False, costs=None, draft_costs=None):
         self.budget = Budget("gamma", gamma, 1, costs=costs, draft_costs=draft_costs)
+        self.timed = draft_costs is None  # injected draft costs are not corrected by timings
         self.gamma = self.budget.value
         if not isinstance(adaptive, bool):
             raise TypeError(f"adaptive must be True or False, got {adaptive!r}")
@@ -80,8 +88,18 @@ class DraftModel(Proposer):
         self.eos = state.request.eos_token_id
         self.draft_forwards = 0
         req = state.request  # g draft forwards of one row each, then the target's g + 1 rows
-        one = self.budget.curve(req.draft, name="draft_costs").at(0)(1) if self.budget.auto else 0.0
-        self.budget.start(req, lambda curve: ChainBudget(curve, max_len=AUTO_MAX_GAMMA, draft_ms=lambda g: g * one))
+        # per drafted step: g forwards + the rollback (`observe`), both re-estimated from this generation's timings
+        self.forward_ms = self.budget.curve(req.draft, name="draft_costs").at(0)(1) if self.budget.auto else 0.0
+        self.rollback_ms = 0.0
+        self.budget.start(req, lambda curve: ChainBudget(curve, max_len=AUTO_MAX_GAMMA, draft_ms=self.drafting_ms))
+
+    def drafting_ms(self, g: int) -> float:
+        """What drafting g tokens is expected to cost this step (ms): g draft forwards and the rollback."""
+        return g * self.forward_ms + self.rollback_ms if g else 0.0
+
+    def _learn(self, name: str, ms: float) -> None:
+        if self.timed and self.budget.auto:
+            setattr(self, name, getattr(self, name) + DRAFT_MS_RATE * (ms - getattr(self, name)))
 
     def propose(self, state: LoopState, max_depth: int) -> Proposal:
         gamma = self.gamma if self.adaptive else self.budget.choose(len(state.committed), max_depth)
@@ -89,13 +107,16 @@ class DraftModel(Proposer):
         drafts, q_rows = [], []
         feed = state.committed[len(self.draft.tokens):]  # 1 token, 2 after a full acceptance, the prompt on step 1
         for _ in range(g):
+            start, fed = time.perf_counter(), len(feed)
             logits = self.draft.feed(feed)[-1]  # (V,)
             self.draft_forwards += 1
             if self.sampling.greedy:
-                x = int(logits.argmax())
+                x = int(logits.argmax())  # reads the logits: the forward has finished (a GPU too)
             else:
                 q_rows.append(probs(logits, self.sampling))  # q_i, (V,)
                 x = sample(q_rows[-1], self.generator)
+            if fed <= 2:  # a catch-up after plain steps (or the prompt) is not a drafting forward's cost
+                self._learn("forward_ms", 1e3 * (time.perf_counter() - start))
             drafts.append(x)
             feed = [x]
             if x == self.eos:  # nothing after an EOS can be emitted
@@ -104,7 +125,10 @@ class DraftModel(Proposer):
         return Proposal(DraftTree.chain(state.committed[-1], drafts), q=q, info=self.budget.info(g))
 
     def observe(self, state: LoopState, verdict) -> None:
+        start = time.perf_counter()
         self.draft.commit(state.committed)
+        if len(verdict.proposal.tree):
+            self._learn("rollback_ms", 1e3 * (time.perf_counter() - start))
         if state.debug:
             self.draft.check(state.committed, "draft")
         drafted = len(verdict.proposal.tree)
