@@ -199,7 +199,7 @@ def test_chain_budget_drafts_past_a_kernel_switch_or_not_at_all():
 def test_chain_budget_prices_rows_by_what_the_loops_steps_took():
     """The curve says a 2-row step costs 5 % more than a plain one, so a draft accepted 30 % of the time pays;
     the loop's own 2-row steps take 40 % more (as SmolLM2's did on a CPU): recorded, they stop the drafting.
-    A row count never run is scaled like the plain steps (the machine's speed now), and one slow step moves a
+    A row count never run is scaled by the mean factor of those run (the machine's speed now); one slow step moves a
     factor a fifth of the way (COST_RATE), not all of it."""
     curve = C.CostCurve.from_points({1: 40.0, 2: 42.0, 3: 60.0, 64: 900.0})
     chain = B.ChainBudget(curve, max_len=1, probe_every=1000)

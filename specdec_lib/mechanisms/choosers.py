@@ -46,6 +46,10 @@ from ..checks import check_int
 
 # a chain's per-depth counts forget at this rate per verified step (an effective memory of about 20 steps)
 CHAIN_DECAY = 0.95
+# a chain's acceptance before any evidence (weight: `strength` steps): 0.3, a weak pair's rate, so that a draft
+# proves itself; at 0.5 SmolLM2's early-exit draft (accepted ~0.1-0.3 on HumanEval) drafted 3-9 tokens a step
+# for its first ten steps and lost 4-7 % of a generation's time before the counts caught up
+CHAIN_PRIOR = 0.3
 # the share of the time a budget's trials may lose (SideBudget's warm-up and probes, the choosers' probes)
 TRIAL_SHARE = 0.03
 # how fast a chain's per-row-count correction of the curve moves to what the loop's steps took (ChainBudget.record_ms)
@@ -69,7 +73,7 @@ class ChainBudget:
     model on a CPU, probes come every few dozen steps, not every 16)."""
 
     def __init__(self, curve, max_len: int = 16, draft_ms: Callable[[int], float] | None = None,
-                 prior: float = 0.5, strength: float = 2.0, explore: float = 0.25, plain: bool = True,
+                 prior: float = CHAIN_PRIOR, strength: float = 2.0, explore: float = 0.25, plain: bool = True,
                  probe_every: int = 16, trial_share: float | None = TRIAL_SHARE, decay: float = CHAIN_DECAY):
         self.costs, self.max_len = curve, check_int("max_len", max_len, 1)  # a CostCurve or a ContextCosts
         if not 0.0 < decay <= 1.0:
@@ -134,16 +138,19 @@ class ChainBudget:
 
     def step_ms(self, rows: int) -> float:
         """A verify step of `rows` rows: the curve, times what the loop's steps of that many rows took against it
-        (`record_ms`; a row count not run yet: the plain steps' factor, the machine's speed now)."""
-        return self.curve(rows) * self.scale.get(rows, self.scale.get(1, 1.0))
+        (`record_ms`; a row count not run yet: the mean factor of those run, the machine's speed now)."""
+        return self.curve(rows) * self.scale.get(rows, self._usual())
+
+    def _usual(self) -> float:
+        return sum(self.scale.values()) / len(self.scale) if self.scale else 1.0
 
     def record_ms(self, rows: int, ms: float) -> None:
         """One step of the loop with `rows` rows took `ms` (forward, verdict, commit). The curve times a bare
         forward with a branchy tree; the loop's chain steps ran slower on SmolLM2 on a CPU (3 rows 12 % above a
         plain step where the curve said 4 %), and that gap decided whether a weak draft paid. The factor starts
-        at the plain steps' and moves at COST_RATE, so one slow step does not condemn a row count."""
+        at the other row counts' mean and moves at COST_RATE, so one slow step does not condemn a row count."""
         ratio = ms / max(self.curve(rows), 1e-9)
-        old = self.scale.get(rows, self.scale.get(1, ratio))
+        old = self.scale.get(rows, self._usual() if self.scale else ratio)
         self.scale[rows] = old + COST_RATE * (ratio - old)
 
     def record(self, drafted: int, accepted: int) -> None:
