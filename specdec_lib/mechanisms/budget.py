@@ -125,12 +125,14 @@ class Budget:
         if isinstance(self.chooser, TreeBudget):
             if "regrow" in proposal.carry:
                 self.chooser.record_proposal(proposal, verdict.emitted)
-        else:
-            if len(proposal.tree):
-                self.chooser.record(len(proposal.tree), len(verdict.accepted))
-            ms = verdict.verify_ms  # the loop's timing of this step (None: the prefill's)
-            if ms is not None and self.costs.get("costs") is None:  # a measured curve, corrected by the steps;
-                self.chooser.record_ms(len(proposal.tree) + 1, ms)  # an injected one is taken as given
+        elif len(proposal.tree):
+            self.chooser.record(len(proposal.tree), len(verdict.accepted))
+        ms = verdict.verify_ms  # the loop's timing of this step (None: the prefill's)
+        # a measured curve is corrected by the steps (an injected one is taken as given), where the step's rows
+        # are the tree's (side rows, Lookahead's window or FAFO's fumble rows, are priced by the curve alone)
+        if ms is not None and self.costs.get("costs") is None and proposal.side is None \
+                and not getattr(self.chooser, "cheap_rows", 0):
+            self.chooser.record_ms(len(proposal.tree) + 1, ms)
 
     def stats(self) -> dict:
         return chooser_stats(self.chooser)

@@ -64,6 +64,27 @@ def trial_wait(probe_every: int, lost_ms: float, step_ms: float | None, share: f
     return max(probe_every, int(np.ceil(lost_ms / (share * step_ms))))
 
 
+class MeasuredSteps:
+    """What the loop's steps took against the curve, per row count: a factor that multiplies the curve's price of
+    a step (`scaled`). The curve times a bare forward; a loop step adds its mask, walk, commit and Python (on
+    SmolLM2 on a CPU 3-row chain steps ran 12 % above a plain step where the curve said 4 %; EAGLE's tree steps
+    on the tiny target 25 % above), and that gap decides whether a weak draft pays. A row count not run yet gets
+    the mean factor of those run (the machine's speed now); a factor starts there and moves at COST_RATE, so one
+    slow step does not condemn a row count."""
+
+    def __init__(self):
+        self.scale: dict[int, float] = {}  # rows -> measured / curve ms
+
+    def factor(self, rows: float) -> float:
+        usual = sum(self.scale.values()) / len(self.scale) if self.scale else 1.0
+        return self.scale.get(int(round(rows)), usual)
+
+    def record_ms(self, rows: int, ms: float, curve_ms: float) -> None:
+        ratio = ms / max(curve_ms, 1e-9)
+        old = self.scale.get(rows, self.factor(rows) if self.scale else ratio)
+        self.scale[rows] = old + COST_RATE * (ratio - old)
+
+
 class ChainBudget:
     """Chain length g from per-depth acceptance (see the module doc). draft_ms(g): the drafting time of g.
     plain: g = 0 (no draft) is a candidate; after `probe_every` plain steps in a row, one step drafts the best
@@ -86,7 +107,7 @@ class ChainBudget:
         self.trial_share = trial_share
         self.plain_run = 0  # plain steps chosen in a row (since the last probe)
         self.gain = None  # the last choice's expected tokens/ms over a plain step's
-        self.scale: dict[int, float] = {}  # rows -> measured / curve ms of the loop's steps (record_ms)
+        self.measured = MeasuredSteps()  # what the loop's steps took against the curve (record_ms)
         self.reached = np.zeros(max_len + 1)  # index d: steps whose chain had a node at depth d reaching it
         self.accepted = np.zeros(max_len + 1)
 
@@ -138,20 +159,12 @@ class ChainBudget:
 
     def step_ms(self, rows: int) -> float:
         """A verify step of `rows` rows: the curve, times what the loop's steps of that many rows took against it
-        (`record_ms`; a row count not run yet: the mean factor of those run, the machine's speed now)."""
-        return self.curve(rows) * self.scale.get(rows, self._usual())
-
-    def _usual(self) -> float:
-        return sum(self.scale.values()) / len(self.scale) if self.scale else 1.0
+        (MeasuredSteps)."""
+        return self.curve(rows) * self.measured.factor(rows)
 
     def record_ms(self, rows: int, ms: float) -> None:
-        """One step of the loop with `rows` rows took `ms` (forward, verdict, commit). The curve times a bare
-        forward with a branchy tree; the loop's chain steps ran slower on SmolLM2 on a CPU (3 rows 12 % above a
-        plain step where the curve said 4 %), and that gap decided whether a weak draft paid. The factor starts
-        at the other row counts' mean and moves at COST_RATE, so one slow step does not condemn a row count."""
-        ratio = ms / max(self.curve(rows), 1e-9)
-        old = self.scale.get(rows, self._usual() if self.scale else ratio)
-        self.scale[rows] = old + COST_RATE * (ratio - old)
+        """One step of the loop with `rows` rows took `ms` (forward, verdict, commit): see MeasuredSteps."""
+        self.measured.record_ms(rows, ms, self.curve(rows))
 
     def record(self, drafted: int, accepted: int) -> None:
         """One verified chain: depths 1..accepted accepted, depth accepted + 1 reached and rejected (if drafted)."""
@@ -198,6 +211,7 @@ class TreeBudget:
                  trial_share: float | None = TRIAL_SHARE, horizon: int | None = None):
         self.costs, self.candidates = curve, sorted(set(int(c) for c in candidates))
         self.curve = curve.at(context)
+        self.measured = MeasuredSteps()  # what the loop's steps took against the curve (record_ms)
         self.cheap_rows = check_int("cheap_rows", cheap_rows, 0)
         self.cheap = curve.at(cheap_context) if cheap_rows else None
         if not self.candidates:
@@ -241,10 +255,15 @@ class TreeBudget:
         self.draft = [float(draft_ms(b)) for b in self.candidates]
 
     def step_ms(self, rows: float) -> float:
-        """ms of a step of `rows` full-context rows, plus the cheap rows every step pays (see the class doc)."""
+        """ms of a step of `rows` full-context rows, plus the cheap rows every step pays (see the class doc); a
+        proposer with no side rows has the curve corrected by what its steps took (MeasuredSteps)."""
         if not self.cheap_rows:
-            return self.curve(rows)
+            return self.curve(rows) * self.measured.factor(rows)
         return self.curve(rows) + self.cheap(rows + self.cheap_rows) - self.cheap(rows)
+
+    def record_ms(self, rows: int, ms: float) -> None:
+        """One step of the loop with `rows` rows took `ms` (forward, verdict, commit): see MeasuredSteps."""
+        self.measured.record_ms(rows, ms, self.curve(rows))
 
     def speeds(self) -> list[float]:
         """Estimated tokens per ms of each candidate."""
