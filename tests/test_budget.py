@@ -217,6 +217,17 @@ def test_chain_budget_prices_rows_by_what_the_loops_steps_took():
     assert chain.choose() == 0, "priced by what its steps took, the draft no longer pays"
 
 
+def test_tree_budget_prices_rows_by_what_the_loops_steps_took():
+    """A tree chooser without cheap side rows corrects the curve as a chain does; with FAFO's cheap rows the
+    step's rows are not the tree's, so nothing is recorded there (budget.Budget.record) and the curve stands."""
+    curve = C.CostCurve.from_points({1: 10.0, 64: 20.0})
+    tree = B.TreeBudget(curve, [0, 4, 8])
+    for _ in range(30):
+        tree.record_ms(5, 1.5 * curve(5))  # 5-row steps took 1.5x what the curve says
+    assert tree.step_ms(5) == pytest.approx(1.5 * curve(5), rel=0.02)
+    assert tree.step_ms(1) == pytest.approx(1.5 * curve(1), rel=0.02), "an unseen row count: the mean factor"
+
+
 def test_draft_model_learns_its_draft_forwards_cost_unless_injected():
     """gamma="auto" with a measured draft curve moves t_draft(1) and the rollback toward what they took
     (DRAFT_MS_RATE); injected draft_costs are taken as given."""
