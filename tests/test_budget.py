@@ -48,7 +48,7 @@ def test_measure_caches_on_disk_keyed_by_model_and_dtype(tmp_path, monkeypatch):
     data = json.loads(files[0].read_text())
     assert data["key"]["dtype"] == "torch.float64" and data["key"]["device"].startswith("cpu:")
     assert data["key"]["params"] == sum(p.numel() for p in model.parameters())
-    assert np.all(np.diff(first.ms) >= 0)  # more rows never cost less
+    assert np.all(first.ms >= first.ms[0])  # floored at one row (medians as measured: a kernel switch may dip)
     # a new process (no in-memory copy) reads the file instead of measuring: mark the file to see it read
     data["ms"] = [1.0, 2.0, 3.0]
     files[0].write_text(json.dumps(data))
