@@ -126,7 +126,9 @@ def _steps(req, proposer, state, target, cache, spec, debug, lazy_head) -> Gener
         t2 = time.perf_counter()  # verify_ms: forward + verdict + commit (the verdict synchronised the device)
         state.tokens += emitted
         state.committed += emitted
-        verdict.verify_ms = (t2 - t1) * 1e3 if steps else None  # for budgets that learn costs (not the prefill)
+        # for budgets that learn what steps cost: not the prefill's, and not under sampling, where the draws must
+        # not depend on the machine's speed (a seed reproduces its tokens)
+        verdict.verify_ms = (t2 - t1) * 1e3 if steps and req.sampling.greedy else None
         proposer.observe(state, verdict)
         t3 = time.perf_counter()
         lengths.append(len(emitted))

@@ -233,15 +233,22 @@ def test_draft_model_learns_its_draft_forwards_cost_unless_injected():
     (DRAFT_MS_RATE); injected draft_costs are taken as given."""
     from specdec_lib.methods import draft_model as D
 
+    from specdec_lib.sampling import SamplingConfig
+
     learned = D.DraftModel(gamma="auto", costs=C.CostCurve.from_points({1: 10.0, 64: 20.0}))
-    learned.forward_ms, learned.rollback_ms = 4.0, 0.0
+    learned.forward_ms, learned.rollback_ms, learned.sampling = 4.0, 0.0, SamplingConfig()  # greedy
     for _ in range(30):
         learned._learn("forward_ms", 6.0), learned._learn("rollback_ms", 1.0)
     assert learned.drafting_ms(3) == pytest.approx(3 * 6.0 + 1.0, rel=0.01) and learned.drafting_ms(0) == 0.0
     given = D.DraftModel(gamma="auto", draft_costs=C.CostCurve.from_points({1: 4.0, 64: 9.0}))
-    given.forward_ms, given.rollback_ms = 4.0, 0.0
+    given.forward_ms, given.rollback_ms, given.sampling = 4.0, 0.0, SamplingConfig()
     given._learn("forward_ms", 6.0)
     assert given.drafting_ms(3) == 12.0
+    # under sampling the choices must not follow timings (a seed reproduces its tokens)
+    sampled = D.DraftModel(gamma="auto", costs=C.CostCurve.from_points({1: 10.0, 64: 20.0}))
+    sampled.forward_ms, sampled.rollback_ms, sampled.sampling = 4.0, 0.0, SamplingConfig(temperature=1.0)
+    sampled._learn("forward_ms", 6.0)
+    assert sampled.drafting_ms(3) == 12.0
 
 
 # ---------------------------------------------------------------- synthetic curves: the best expected speed, or none

@@ -38,7 +38,8 @@ model + dtype; `costs=` / `draft_costs=` inject them). A draft forward in the lo
 (its cache's bookkeeping, the rollback, Python: on SmolLM2's draft on a CPU ~5-7 ms against 4.3, enough to make
 g = 2 look 5 % faster than plain when it was slower), so t_draft(1) is corrected online to what this
 generation's one- and two-token draft forwards took (an average moving at DRAFT_MS_RATE), plus the rollback's
-time per drafted step; injected draft_costs are taken as given (tests, what-ifs). adaptive=True is HF's heuristic instead (+2 after a full
+time per drafted step, under greedy decoding (under sampling a seed must reproduce its tokens, so the choices may
+not follow the machine's speed); injected draft_costs are taken as given (tests, what-ifs). adaptive=True is HF's heuristic instead (+2 after a full
 acceptance, -1 otherwise, blind to costs); the two exclude each other.
 
 Simplifications: batch size 1; draft and target on one device and sharing a tokenizer; no confidence-based
@@ -98,7 +99,8 @@ class DraftModel(Proposer):
         return g * self.forward_ms + self.rollback_ms if g else 0.0
 
     def _learn(self, name: str, ms: float) -> None:
-        if self.timed and self.budget.auto:
+        # not under sampling: the draws would follow the machine's speed, and a seed must reproduce its tokens
+        if self.timed and self.budget.auto and self.sampling.greedy:
             setattr(self, name, getattr(self, name) + DRAFT_MS_RATE * (ms - getattr(self, name)))
 
     def propose(self, state: LoopState, max_depth: int) -> Proposal:
