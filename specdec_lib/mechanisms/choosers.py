@@ -52,7 +52,7 @@ CHAIN_DECAY = 0.95
 CHAIN_PRIOR = 0.3
 # the share of the time a budget's trials may lose (SideBudget's warm-up and probes, the choosers' probes)
 TRIAL_SHARE = 0.03
-# how fast a chain's per-row-count correction of the curve moves to what the loop's steps took (ChainBudget.record_ms)
+# how fast a budget's per-row-count correction of the curve moves to what the loop's steps took (MeasuredSteps)
 COST_RATE = 0.2
 
 
@@ -66,7 +66,7 @@ def trial_wait(probe_every: int, lost_ms: float, step_ms: float | None, share: f
 
 class MeasuredSteps:
     """What the loop's steps took against the curve, per row count: a factor that multiplies the curve's price of
-    a step (`scaled`). The curve times a bare forward; a loop step adds its mask, walk, commit and Python (on
+    a step (`factor`). The curve times a bare forward; a loop step adds its mask, walk, commit and Python (on
     SmolLM2 on a CPU 3-row chain steps ran 12 % above a plain step where the curve said 4 %; EAGLE's tree steps
     on the tiny target 25 % above), and that gap decides whether a weak draft pays. A row count not run yet gets
     the mean factor of those run (the machine's speed now); a factor starts there and moves at COST_RATE, so one
@@ -76,12 +76,15 @@ class MeasuredSteps:
         self.scale: dict[int, float] = {}  # rows -> measured / curve ms
 
     def factor(self, rows: float) -> float:
-        usual = sum(self.scale.values()) / len(self.scale) if self.scale else 1.0
-        return self.scale.get(int(round(rows)), usual)
+        value = self.scale.get(int(round(rows)))  # read for every candidate of every step: the mean only if unseen
+        return value if value is not None else self._usual(1.0)
+
+    def _usual(self, default: float) -> float:
+        return sum(self.scale.values()) / len(self.scale) if self.scale else default
 
     def record_ms(self, rows: int, ms: float, curve_ms: float) -> None:
         ratio = ms / max(curve_ms, 1e-9)
-        old = self.scale.get(rows, self.factor(rows) if self.scale else ratio)
+        old = self.scale.get(rows, self._usual(ratio))
         self.scale[rows] = old + COST_RATE * (ratio - old)
 
 

@@ -141,6 +141,7 @@ class FlexLayoutStore(compat.BufferCache):
         self.capacity, self.block, self.q_block = capacity, block, q_block
         self.fixed_blocks = -(-kv_budget // block)  # B_fixed
         self.length = self.compressed = self._base = self._rows = 0
+        self._in_flight: _Forward | None = None  # the forward `prepare` made ready (read by every layer)
         self._causal = self._sees_pending = False
         self._queried = False
         self._dirty = False  # entries changed since the last compress
@@ -204,7 +205,7 @@ class FlexLayoutStore(compat.BufferCache):
             fwd.sees[:rows, :rows].copy_(sees)
         self._sees_pending = pending
         fwd.compressed_rows[:rows].copy_(flags)
-        self._base, self._rows, self._causal = self.length, rows, causal
+        self._base, self._rows, self._causal, self._in_flight = self.length, rows, causal, fwd
         self.base_t.fill_(self.length)
         self.slot_pos[self.length:self.length + rows] = positions
         self._write_blocks(fwd, flags.tolist())
@@ -230,7 +231,7 @@ class FlexLayoutStore(compat.BufferCache):
 
     def block_mask_in_flight(self):
         """The BlockMask of the forward in flight (what `prepare` returned)."""
-        return self._forward(self._rows).block_mask
+        return self._in_flight.block_mask
 
     def _write_blocks(self, fwd: _Forward, flags: list[bool]) -> None:
         """In place: per query block, how many KV blocks it loads and which (the O(1) per-step upkeep)."""
@@ -302,8 +303,10 @@ class FlexLayoutStore(compat.BufferCache):
     def forward_parts(self):
         """The forward in flight, as the attention modes read it: (base, rows, compressed, sees (R, R),
         compressed_rows (R,), causal): rows see slots < base (< compressed when flagged) and each other by sees."""
-        fwd, rows = self._forward(self._rows), self._rows
-        return self._base, rows, self.compressed, fwd.sees[:rows, :rows], fwd.compressed_rows[:rows], self._causal
+        fwd, rows = self._in_flight, self._rows  # per layer: no lookup, and a slice only where compiled flex pads
+        sees, flags = (fwd.sees, fwd.compressed_rows) if len(fwd.sees) == rows else \
+            (fwd.sees[:rows, :rows], fwd.compressed_rows[:rows])
+        return self._base, rows, self.compressed, sees, flags, self._causal
 
     def valid_slots(self) -> int:
         """Slots in use during the forward in flight: committed entries and its own rows."""
@@ -313,7 +316,7 @@ class FlexLayoutStore(compat.BufferCache):
         """The forward in flight's mask_mod evaluated on every (row, slot): bool (1, 1, R, capacity) (only the
         first valid_slots() columns are evaluated; the rest are False). Rendered on each call: the dense mode
         keeps it for the forward's other layers."""
-        fwd = self._forward(self._rows)
+        fwd = self._in_flight
         if self._sees_pending:  # a split-mode prefill skipped writing its causal pattern: write it now
             fwd.sees[:self._rows, :self._rows].copy_(torch.ones(self._rows, self._rows, dtype=torch.bool).tril())
             self._sees_pending = False

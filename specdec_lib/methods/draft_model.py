@@ -39,8 +39,8 @@ model + dtype; `costs=` / `draft_costs=` inject them). A draft forward in the lo
 g = 2 look 5 % faster than plain when it was slower), so t_draft(1) is corrected online to what this
 generation's one- and two-token draft forwards took (an average moving at DRAFT_MS_RATE), plus the rollback's
 time per drafted step, under greedy decoding (under sampling a seed must reproduce its tokens, so the choices may
-not follow the machine's speed); injected draft_costs are taken as given (tests, what-ifs). adaptive=True is HF's heuristic instead (+2 after a full
-acceptance, -1 otherwise, blind to costs); the two exclude each other.
+not follow the machine's speed); injected draft_costs are taken as given (tests, what-ifs). adaptive=True is HF's
+heuristic instead (+2 after a full acceptance, -1 otherwise, blind to costs); the two exclude each other.
 
 Simplifications: batch size 1; draft and target on one device and sharing a tokenizer; no confidence-based
 early stop of drafting (HF's assistant_confidence_threshold); the draft stops drafting at EOS (nothing
@@ -127,13 +127,13 @@ class DraftModel(Proposer):
         return Proposal(DraftTree.chain(state.committed[-1], drafts), q=q, info=self.budget.info(g))
 
     def observe(self, state: LoopState, verdict) -> None:
+        drafted = len(verdict.proposal.tree)
         start = time.perf_counter()
         self.draft.commit(state.committed)
-        if len(verdict.proposal.tree):
+        if drafted:
             self._learn("rollback_ms", 1e3 * (time.perf_counter() - start))
         if state.debug:
             self.draft.check(state.committed, "draft")
-        drafted = len(verdict.proposal.tree)
         self.budget.record(verdict)
         if self.adaptive and drafted:  # HF's "heuristic" schedule
             self.gamma = self.gamma + 2 if len(verdict.accepted) == drafted else max(1, self.gamma - 1)
