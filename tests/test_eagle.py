@@ -135,3 +135,18 @@ def test_the_heads_time_is_priced(tiny_pair64, tiny_pair):
     est = timed.stats["draft_ms_est"]
     prior = {b: timed.stats["head_ms"] * min(depth, b) for b in est}
     assert all(ms > 0 for ms in est.values()) and any(abs(est[b] - prior[b]) > 1e-3 for b in est), (est, prior)
+
+
+def test_seeded_sampling_learns_no_timing(tiny_pair):
+    """Under sampling the head's drafting is priced by its forwards at the head's price, never by the clock: two
+    runs of one seed draft the same trees (the budget's choices, then the draws, would otherwise follow the
+    machine's speed) and end with the same estimates; under greedy decoding the clock moves them."""
+    target = tiny_pair.target
+    ids = tiny_pair.encode(SHIPPED_PROMPTS[0])
+    flat = {1: 1.0, 128: 1.05}
+    run = lambda: generate("eagle", target, ids, 40, costs=flat, temperature=0.8, seed=5, debug=True)  # noqa: E731
+    a, b = run(), run()
+    assert a.new_tokens == b.new_tokens and a.accept_lengths == b.accept_lengths
+    assert a.stats["draft_ms_est"] == b.stats["draft_ms_est"]
+    depth, price = a.stats["config"]["depth"], a.stats["head_ms"]
+    assert all(price - 0.01 <= ms <= price * depth + 0.01 for ms in a.stats["draft_ms_est"].values())  # rounded

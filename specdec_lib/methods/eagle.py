@@ -37,7 +37,8 @@ forward), one head forward (a row, and the target's LM head over its prediction)
 target (`head_ms=` injects it, and then the forwards are priced at it instead of timed); each step that drafts
 b' then moves its estimate towards the ms that step's drafting really took, as measured (a bushy tree spans
 fewer depths, an unsure head stops early, and the Python work of growing, ranking and cutting the trees is paid
-too: on the tiny pair it is as much as the forwards), and the chooser is repriced.
+too: on the tiny pair it is as much as the forwards), and the chooser is repriced. Under sampling the step's
+forwards at the head's price stand in for the clock: a seed's draws then never follow the machine's speed.
 
 Simplifications: one head forward's time is measured once (its rows vary little); the head reads normed features
 (eagle_head.py); sampling verifies the greedy top-k tree by the walk,
@@ -240,9 +241,11 @@ class Eagle(Proposer):
         tree = self._tree(root, nodes, budget)
         if self.head_price is not None and max_depth >= self.depth:  # `most` is a rung of the ladder
             # what drafting `most` really took (a step cut short by max_new_tokens would under-count it); with
-            # head_ms injected, its forwards at that price (no clock: a test's choices are the same every run)
-            took = (1e3 * (time.perf_counter() - start) if self.head_ms is None
-                    else self.head_ms * (self.head_forwards - before))
+            # head_ms injected, or under sampling, its forwards at the head's price (no clock: a test's choices
+            # are the same every run, and a seed's draws do not follow the machine's speed, as the budgets')
+            clock = self.head_ms is None and state.request.sampling.greedy
+            took = (1e3 * (time.perf_counter() - start) if clock
+                    else self.head_price * (self.head_forwards - before))
             self.spent[most] += DRAFT_MS_RATE * (took - self.spent[most])
             self.budget.chooser.reprice(self.draft_ms)
         return Proposal(tree, info=self.budget.info(budget), carry=carry, features=True)
