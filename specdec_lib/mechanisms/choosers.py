@@ -258,11 +258,11 @@ class TreeBudget:
         self.draft = [float(draft_ms(b)) for b in self.candidates]
 
     def step_ms(self, rows: float) -> float:
-        """ms of a step of `rows` full-context rows, plus the cheap rows every step pays (see the class doc); a
-        proposer with no side rows has the curve corrected by what its steps took (MeasuredSteps)."""
-        if not self.cheap_rows:
-            return self.curve(rows) * self.measured.factor(rows)
-        return self.curve(rows) + self.cheap(rows + self.cheap_rows) - self.cheap(rows)
+        """ms of a step of `rows` full-context rows, corrected by what the loop's steps took (MeasuredSteps: a
+        factor of 1 until some are recorded; Budget.record records none for a proposer with side or cheap rows),
+        plus the cheap rows every step pays (see the class doc)."""
+        full = self.curve(rows) * self.measured.factor(rows)
+        return full + self.cheap(rows + self.cheap_rows) - self.cheap(rows) if self.cheap_rows else full
 
     def record_ms(self, rows: int, ms: float) -> None:
         """One step of the loop with `rows` rows took `ms` (forward, verdict, commit): see MeasuredSteps."""
