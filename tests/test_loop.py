@@ -34,6 +34,9 @@ def test_mask_pieces_compose_into_the_first_step_layout():
     plain, _ = build_forward(Proposal(DraftTree(9)), [4, 7, 9], cached=0)
     assert "attention_mask" not in plain and "position_ids" not in plain  # a plain causal step: transformers'
     # own positions (cached..) and causal mask are exactly these
+    # a chain is causal rows: no mask of ours, on the first step (the prompt's prefill, the chain included) too
+    chain, keep = build_forward(Proposal(DraftTree.chain(9, [2, 6])), [4, 7, 9], cached=0, backend="bool")
+    assert chain.keys() == {"input_ids"} and chain["input_ids"].tolist() == [[4, 7, 9, 2, 6]] and keep == 3
     later, _ = build_forward(Proposal(tree), [9], cached=5, backend="sdpa", dtype=torch.float64)
     mask = later["attention_mask"][0, 0]  # (4, 9): every row sees the 5 cached keys
     assert mask.shape == (4, 9) and (mask[:, :5] == 0).all()

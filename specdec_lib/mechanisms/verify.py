@@ -8,8 +8,9 @@ State between steps: `committed` = prompt + output; the target's cache holds eve
 last (the *root*), except on the first step, when it is empty. One step:
 1. `build_forward`: rows = the committed tokens the cache lacks (prompt[:-1] on step 1) + root + tree nodes
    (+ side rows), positions and ONE mask composed from masks.py's pieces. A plain step (no nodes, no side rows)
-   is a causal forward: no mask at all, so on step 1 it is the prompt's prefill. A step with a mask feeds
-   prompt[:-1] first in a causal forward of its own (`prefill`), so only its own rows meet the mask.
+   or a chain (`causal_rows`) is a causal forward: no mask at all, so on step 1 it is the prompt's prefill, the
+   chain included. A step with a mask feeds prompt[:-1] first in a causal forward of its own (`prefill`), so only
+   its own rows meet the mask.
 2. the forward (`run_forward`) keeps the rows of root, nodes and side rows; with `lazy` (models whose logits
    are exactly lm_head(hidden): PLAIN_HEAD_MODELS) it returns `RowLogits`, projecting a row through the LM
    head only when read: the walk reads 1 + k of the 1 + n rows.
@@ -162,6 +163,16 @@ def lazy_head_ok(target) -> bool:
             and isinstance(target.get_output_embeddings(), torch.nn.Linear) and hasattr(target, "model"))
 
 
+def causal_rows(proposal: Proposal, backend: str) -> bool:
+    """Whether the step's rows are a plain causal sequence (no draft, or a chain: each node the previous one's
+    child, at the next position) with no side rows, outside the store: one causal forward verifies it, the
+    prompt's prefill included on the first step, with no mask of ours (a draft model's or prompt lookup's first
+    step then pays one forward, not a prefill and a masked forward of the chain)."""
+    side, parents = proposal.side, proposal.tree.parents
+    return (backend != ATTENTION_NAME and (side is None or not len(side))
+            and all(p == i - 1 for i, p in enumerate(parents)))
+
+
 def build_forward(proposal: Proposal, pending: list[int], cached: int, backend: str = "sdpa",
                   dtype=torch.float32, device=None, cache=None) -> tuple[dict, int]:
     """(model inputs, rows to keep) of the forward verifying `proposal` after `cached` cache entries.
@@ -174,9 +185,10 @@ def build_forward(proposal: Proposal, pending: list[int], cached: int, backend: 
         ([root_pos + d for d in side.depths] if s else [])
     inputs = dict(input_ids=torch.tensor([ids], dtype=torch.long, device=device))  # (1, m + n + s)
     store = backend == ATTENTION_NAME  # the store always needs its mask: it holds the rows' slots and kinds
-    if not (n or s or store):  # a plain causal forward; transformers derives the same positions and mask by itself
-        # (and skips building a mask for it: given position_ids, it looks for packed sequences, a small cost per token)
-        return inputs, 1
+    if causal_rows(proposal, backend):  # a plain causal forward; transformers derives the same positions and mask
+        # by itself (and skips building a mask for it: given position_ids, it looks for packed sequences, a small
+        # cost per token)
+        return inputs, 1 + n
     positions = torch.tensor(pos, dtype=torch.long, device=device)  # (m + n + s,)
     inputs["position_ids"] = positions[None]
     segments = [(0, masks.causal(cached))] if m > 1 else []
@@ -237,7 +249,8 @@ def forward_proposal(target, cache, proposal: Proposal, pending: list[int], lazy
         raise ValueError("this proposer reads the target's final hidden states, which needs a model whose logits "
                          f"are lm_head(hidden) ({sorted(PLAIN_HEAD_MODELS)})")
     context = None
-    if len(pending) > 1 and (len(proposal.tree) or (side is not None and len(side))):  # a masked forward
+    if len(pending) > 1 and not causal_rows(proposal, spec.backend) and \
+            (len(proposal.tree) or (side is not None and len(side))):  # a masked forward
         context = prefill(target, cache, pending[:-1], spec, proposal.features)
         pending = pending[-1:]
     inputs, keep = build_forward(proposal, pending, kv_cache.cache_length(cache), spec.backend, spec.dtype,
