@@ -163,3 +163,27 @@ def test_q_needs_a_chain():
             generate("_two_q", target, [5, 6, 7], 4, temperature=1.0, seed=0)
     finally:
         del METHODS["_two_q"]
+
+
+def test_a_masked_first_step_feeds_a_short_prompt_with_its_rows(tiny_pair64, tiny_pair, monkeypatch):
+    """A first step with a tree or side rows feeds a prompt of up to PREFILL_ROWS tokens in its own masked forward
+    (one forward), a longer one in a causal prefill first; a chain's first step is one causal forward whatever
+    the prompt: the same tokens every way, hf's."""
+    from specdec_lib.mechanisms import verify
+
+    target = tiny_pair64[0]
+    ids = tiny_pair.encode("def parse(line):\n    key, value = line.split('=')\n    return key\n" * 2)  # lookup drafts
+    reference = generate("hf", target, ids, 24).new_tokens
+    calls = []
+    prefill = verify.prefill
+    monkeypatch.setattr(verify, "prefill", lambda *a, **k: calls.append(len(a[2])) or prefill(*a, **k))
+    for method, settings in (("lookahead", {}), ("prompt_lookup", dict(num_tokens=4))):
+        for limit in (verify.PREFILL_ROWS, 4):
+            monkeypatch.setattr(verify, "PREFILL_ROWS", limit)
+            calls.clear()
+            result = generate(method, target, ids, 24, debug=True, **settings)
+            assert result.new_tokens == reference, (method, limit)
+            # lookahead's side rows: prompt[:-1] apart only past the limit; a chain never (causal rows)
+            fed_apart = [ids.shape[1] - 1] if method == "lookahead" and limit < ids.shape[1] else []
+            assert calls == fed_apart, (method, limit, calls)
+            assert method != "prompt_lookup" or result.stats["steps"][0]["tree_size"] > 0  # it drafted on step 1

@@ -163,6 +163,13 @@ def lazy_head_ok(target) -> bool:
             and isinstance(target.get_output_embeddings(), torch.nn.Linear) and hasattr(target, "model"))
 
 
+# a masked step (a tree, side rows) after at most this many committed tokens the cache lacks (the prompt, on the
+# first step) feeds them in its own forward, masked with the rest; after more, a causal prefill comes first
+# (`prefill`): its P x P mask would cost more than the second forward saves (SmolLM2 on a CPU: a 174-token prompt
+# and Lookahead's first step paid 240 ms for the prefill and 80-110 ms more for the step's own rows apart)
+PREFILL_ROWS = 512
+
+
 def causal_rows(proposal: Proposal, backend: str) -> bool:
     """Whether the step's rows are a plain causal sequence (no draft, or a chain: each node the previous one's
     child, at the next position) with no side rows, outside the store: one causal forward verifies it, the
@@ -249,8 +256,9 @@ def forward_proposal(target, cache, proposal: Proposal, pending: list[int], lazy
         raise ValueError("this proposer reads the target's final hidden states, which needs a model whose logits "
                          f"are lm_head(hidden) ({sorted(PLAIN_HEAD_MODELS)})")
     context = None
-    if len(pending) > 1 and not causal_rows(proposal, spec.backend) and \
-            (len(proposal.tree) or (side is not None and len(side))):  # a masked forward
+    apart = len(pending) > PREFILL_ROWS or (len(pending) > 1 and spec.backend == ATTENTION_NAME)  # (the store: FAFO's
+    # fumble rows read the prompt's compression, C(kv), which the prompt's prefill writes)
+    if apart and not causal_rows(proposal, spec.backend) and (len(proposal.tree) or (side is not None and len(side))):
         context = prefill(target, cache, pending[:-1], spec, proposal.features)
         pending = pending[-1:]
     inputs, keep = build_forward(proposal, pending, kv_cache.cache_length(cache), spec.backend, spec.dtype,
