@@ -134,6 +134,15 @@ def test_tree_budget_compares_candidates_on_the_same_steps():
     assert tokens[0] < tokens[1]
 
 
+def test_tree_budget_prices_a_plain_step_at_one_token_before_any_data():
+    """Candidate 0 (no tree) yields the root's token, exactly: never the verified yield's level, which made an
+    unseen plain step look as productive as the trees (EAGLE fell to plain steps on the tiny pair so)."""
+    chooser = B.TreeBudget(FLAT, [0, 4, 16])
+    chooser.record({16: (3, 17), 4: (2, 5)}, verified=16)
+    tokens, _ = chooser.estimates()
+    assert tokens[0] == 1.0 and tokens[2] == pytest.approx(2.0)  # 16: the level (3 + 1) / (1 + 1)
+
+
 def test_tree_budget_learns_how_far_past_a_censored_bound_a_larger_tree_goes():
     chooser = B.TreeBudget(FLAT, [4, 16, 64])
     for _ in range(50):  # verified 16 went 3 tokens further than 4 would have: 2 past 4's censored bound (2 + 1)

@@ -150,3 +150,21 @@ def test_seeded_sampling_learns_no_timing(tiny_pair):
     assert a.stats["draft_ms_est"] == b.stats["draft_ms_est"]
     depth, price = a.stats["config"]["depth"], a.stats["head_ms"]
     assert all(price - 0.01 <= ms <= price * depth + 0.01 for ms in a.stats["draft_ms_est"].values())  # rounded
+
+
+def test_every_smaller_budget_is_regrown_each_step(tiny_pair, monkeypatch):
+    """One ranked list answers every budget, so each drafted step records what every smaller budget would have
+    yielded (none is left unseen, estimated at the verified tree's yield, which a 1-node tree cannot reach)."""
+    from specdec_lib.mechanisms import choosers
+    from specdec_lib.methods.eagle import BUDGET_LADDER
+
+    seen = []
+    record = choosers.TreeBudget.record
+    monkeypatch.setattr(choosers.TreeBudget, "record",
+                        lambda self, results, verified=None: seen.append((verified, set(results)))
+                        or record(self, results, verified))
+    ids = tiny_pair.encode(SHIPPED_PROMPTS[0])
+    generate("eagle", tiny_pair.target, ids, 32, costs={1: 1.0, 128: 1.05}, head_ms=0.1)
+    assert seen
+    for verified, budgets in seen:
+        assert {b for b in BUDGET_LADDER if b < verified} <= budgets, (verified, budgets)

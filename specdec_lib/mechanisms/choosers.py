@@ -250,6 +250,8 @@ class TreeBudget:
         # an unseen candidate: its size + the rows the seen ones carried beyond theirs (Lookahead's window rows)
         extra = sum(self.rows[i] / self.weight[i] - self.default_rows[i] for i in seen) / len(seen) if seen else 0.0
         rows = [self.rows[i] / w if w > 0 else self.default_rows[i] + extra for i, w in enumerate(self.weight)]
+        if self.candidates[0] == 0:  # no tree: the root's token, exactly (never the verified yield's level)
+            tokens[0] = 1.0
         return tokens, [d + self.step_ms(r) for d, r in zip(self.draft, rows)]
 
     def reprice(self, draft_ms: Callable[[int], float]) -> None:

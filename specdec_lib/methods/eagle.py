@@ -27,7 +27,8 @@ under greedy decoding and under sampling alike (verify.walk_tree draws each emit
 
 Budget: `budget` (tree nodes verified) is an int or "auto": chosen each step on this machine's cost curve by
 TreeBudget (mechanisms/budget.py) from the ladder BUDGET_LADDER; the same ranked list answers what any other
-budget would have yielded (its top b), so the counterfactuals cost nothing. Budget 0 is a plain step (no head
+budget would have yielded (its top b), so the counterfactuals cost nothing, and every smaller budget's are
+recorded each step (TreeBudget's window: none is left unseen). Budget 0 is a plain step (no head
 forward, and no counterfactual: the chooser's probe drafts again), taken where no tree pays.
 
 The drafting is priced too: a budget b pays what drafting b' takes, b' the next rung above b (the chooser also
@@ -134,8 +135,12 @@ class Eagle(Proposer):
             # per drafted rung, its ms: the prior min(depth, b) head forwards, then as measured
             self.spent = {b: ms * min(self.depth, b) for b in BUDGET_LADDER}
             self.draft_ms = lambda b: self.spent[above[b]] if b else 0.0  # noqa: E731
+        # every smaller budget's tree is a prefix of the one ranked list: all of them are regrown each step
+        # (window), so no smaller budget is ever unseen (an unseen one is estimated at the verified yield's
+        # level, which a tree of 1 or 2 nodes cannot reach)
         self.budget.start(req, lambda curve: TreeBudget(curve, BUDGET_LADDER, context=len(state.committed), first=1,
-                                                        draft_ms=self.draft_ms, horizon=req.max_new_tokens))
+                                                        window=len(BUDGET_LADDER), draft_ms=self.draft_ms,
+                                                        horizon=req.max_new_tokens))
         self.head_forwards = self.head_rows = 0
 
     def _head(self, feats: torch.Tensor, tokens: list[int], positions: list[int], sees: torch.Tensor):
@@ -214,9 +219,12 @@ class Eagle(Proposer):
         return nodes
 
     @staticmethod
-    def _tree(root: int, nodes, budget: int) -> DraftTree:
-        """The `budget` best nodes by cumulative log-prob, closed under parents, ordered by depth."""
-        best = sorted(range(len(nodes)), key=lambda i: (-nodes[i][0], nodes[i][1]))[:budget]
+    def _tree(root: int, nodes, budget: int, ranked: list[int] | None = None) -> DraftTree:
+        """The `budget` best nodes by cumulative log-prob, closed under parents, ordered by depth (`ranked`: the
+        nodes' indices best first, when already sorted for another budget)."""
+        if ranked is None:
+            ranked = sorted(range(len(nodes)), key=lambda i: (-nodes[i][0], nodes[i][1]))
+        best = ranked[:budget]
         keep = set(best)
         for i in best:  # ties can rank a child above its parent: bring parents along
             p = nodes[i][3]
@@ -237,8 +245,9 @@ class Eagle(Proposer):
         most = max([budget, *self.budget.others])  # one ranked list answers every candidate
         start, before = time.perf_counter(), self.head_forwards
         nodes = self._draft(state.committed, max_depth, most)  # its .tolist() calls wait for a GPU's kernels
-        carry = self.budget.carry(lambda b: self._tree(root, nodes, b))
-        tree = self._tree(root, nodes, budget)
+        ranked = sorted(range(len(nodes)), key=lambda i: (-nodes[i][0], nodes[i][1]))  # one ranking, every budget
+        carry = self.budget.carry(lambda b: self._tree(root, nodes, b, ranked))
+        tree = self._tree(root, nodes, budget, ranked)
         if self.head_price is not None and max_depth >= self.depth:  # `most` is a rung of the ladder
             # what drafting `most` really took (a step cut short by max_new_tokens would under-count it); with
             # head_ms injected, or under sampling, its forwards at the head's price (no clock: a test's choices
