@@ -191,9 +191,11 @@ class Fafo(Proposer):
         self._previous = None
         most = self.n * self.k  # a trie of n candidates of k tokens holds at most n x k nodes
         ladder = sorted({c for c in NODE_LADDER if c < most} | {most})
-        # the fumble rows read C(kv) only: priced at its length (budget.TreeBudget)
+        # the fumble rows read C(kv) only: priced at its length (budget.TreeBudget); every smaller candidate's trie
+        # is regrown each step (window: a few small tries), so none is estimated unseen, at the verified yield
         self.budget.start(state.request, lambda curve: TreeBudget(
-            curve, ladder, context=len(prompt), cheap_rows=self.n * self.k, cheap_context=self.compression.kv_budget))
+            curve, ladder, context=len(prompt), cheap_rows=self.n * self.k, cheap_context=self.compression.kv_budget,
+            window=len(ladder)))
 
     def target_cache(self, state: LoopState):
         req = state.request
