@@ -345,3 +345,20 @@ def test_a_drafter_on_the_cpu_beside_the_target(models, mode):
     assert error is None, error
     assert result.new_tokens == reference and result.stats["config"]["draft_device"] == "cpu"
     assert result.stats["draft_layers"] > 0 and not drafter_threads()
+
+
+def test_auto_width_never_judges_drafting_by_the_prompts_prefill(models, monkeypatch):
+    """width="auto" judges drafted steps by their measured time against plain ones: the first step's time is the
+    prompt's prefill (tens of plain steps on a long prompt), not a drafted step's, so it is never recorded (it
+    used to turn the drafting off before any drafted step was seen)."""
+    from specdec_lib.mechanisms.side_budget import SideBudget
+
+    target, _, ids = models
+    records = []
+    record = SideBudget.record
+    monkeypatch.setattr(SideBudget, "record", lambda self, *a: records.append(a) or record(self, *a))
+    result = generate("card", target, ids, 24, draft=target, debug=True)  # a self-draft: drafting pays
+    steps = result.stats["steps"]
+    assert steps[0]["hit"] is not None  # the first step drafted (the warm-up is on) ...
+    drafted = [s for s in steps[1:] if s["hit"] is not None]  # (a plain step's hit is None)
+    assert len(records) == len(drafted) > 0  # ... and only the later drafted steps were judged

@@ -136,7 +136,7 @@ class Card(Proposer):
         self.budget.start(req, lambda curve: ChainBudget(curve, max_len=max(1, self.draft_depth - 1)))
         self.target_device = req.input_ids.device
         draft, committed = draft_on(req.draft, self.draft_device), state.committed
-        self.side, self.drafting, self.plain_steps = None, True, 0
+        self.side, self.drafting, self.plain_steps, self._prefill = None, True, 0, True
         # drafted steps (measured) against plain ones (the curve's t(1)): the module doc; the ablation never
         # corrects the drafter, so it cannot restart it: it always drafts
         if self.width_auto and self.correction:
@@ -207,12 +207,15 @@ class Card(Proposer):
         return Proposal(DraftTree.chain(state.committed[-1], chain), q=q, info=info)
 
     def observe(self, state: LoopState, verdict) -> None:
+        prefill, self._prefill = self._prefill, False  # the first step's time is the prompt's prefill: not a step's
         if verdict.proposal.carry.get("plain"):  # a plain step, as measured: what drafted steps are judged against
+            if prefill:
+                return
             took = 1e3 * (time.perf_counter() - self._t_propose)
             self._plain_ms = took if self._plain_ms is None else PLAIN_DECAY * self._plain_ms + (1 - PLAIN_DECAY) * took
             return
         now = time.perf_counter()
-        if self.side is not None:  # this drafted step, as measured, against a plain one (1 token)
+        if self.side is not None and not prefill:  # this drafted step, as measured, against a plain one (1 token)
             took = 1e3 * (now - self._t_propose) + self._correct_ms
             plain_ms = self._plain_ms if self._plain_ms is not None else self.side.price(1)
             self.side.record(len(verdict.emitted), took, 1.0, plain_ms)
