@@ -9,8 +9,8 @@ last (the *root*), except on the first step, when it is empty. One step:
 1. `build_forward`: rows = the committed tokens the cache lacks (prompt[:-1] on step 1) + root + tree nodes
    (+ side rows), positions and ONE mask composed from masks.py's pieces. A plain step (no nodes, no side rows)
    or a chain (`causal_rows`) is a causal forward: no mask at all, so on step 1 it is the prompt's prefill, the
-   chain included. A step with a mask feeds prompt[:-1] first in a causal forward of its own (`prefill`), so only
-   its own rows meet the mask.
+   chain included. A step with a mask after a long prompt (over PREFILL_ROWS tokens; always in FAFO's store) feeds
+   prompt[:-1] first in a causal forward of its own (`prefill`), so only its own rows meet the mask.
 2. the forward (`run_forward`) keeps the rows of root, nodes and side rows; with `lazy` (models whose logits
    are exactly lm_head(hidden): PLAIN_HEAD_MODELS) it returns `RowLogits`, projecting a row through the LM
    head only when read: the walk reads 1 + k of the 1 + n rows.
