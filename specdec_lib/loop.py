@@ -17,8 +17,9 @@ proposal's `info`), the totals, the debug
 invariant (after every step the cache holds every committed token but the last), and `GenerationResult`.
 The prompt's prefill belongs to the first step: a plain step's or a chain's forward is the prompt's causal forward;
 a step with a tree or side rows after a long prompt (verify.PREFILL_ROWS) feeds prompt[:-1] in a causal forward of
-its own first (verify.prefill: no P x P mask), then verifies as every later step does. target_forwards counts steps: target_forwards == len(accept_lengths),
-sum == len(new_tokens); the time to the first token is GenerationResult.prefill_seconds.
+its own first (verify.prefill: no P x P mask), then verifies as every later step does. target_forwards counts
+steps: target_forwards == len(accept_lengths), sum == len(new_tokens); the time to the first token is
+GenerationResult.prefill_seconds.
 
 Extension points (documented in verify.SideRows / Proposal), each used by a method:
 - Lookahead and FAFO draft inside the target's own forward: their Proposal carries `side` rows (Jacobi or

@@ -241,7 +241,6 @@ def test_draft_model_learns_its_draft_forwards_cost_unless_injected():
     """gamma="auto" with a measured draft curve moves t_draft(1) and the rollback toward what they took
     (DRAFT_MS_RATE); injected draft_costs are taken as given."""
     from specdec_lib.methods import draft_model as D
-
     from specdec_lib.sampling import SamplingConfig
 
     learned = D.DraftModel(gamma="auto", costs=C.CostCurve.from_points({1: 10.0, 64: 20.0}))

@@ -256,8 +256,9 @@ def forward_proposal(target, cache, proposal: Proposal, pending: list[int], lazy
         raise ValueError("this proposer reads the target's final hidden states, which needs a model whose logits "
                          f"are lm_head(hidden) ({sorted(PLAIN_HEAD_MODELS)})")
     context = None
-    apart = len(pending) > PREFILL_ROWS or (len(pending) > 1 and spec.backend == ATTENTION_NAME)  # (the store: FAFO's
-    # fumble rows read the prompt's compression, C(kv), which the prompt's prefill writes)
+    # the prompt apart past PREFILL_ROWS, and always in the store (FAFO's fumble rows read the prompt's
+    # compression, C(kv), which the prompt's prefill writes)
+    apart = len(pending) > PREFILL_ROWS or (len(pending) > 1 and spec.backend == ATTENTION_NAME)
     if apart and not causal_rows(proposal, spec.backend) and (len(proposal.tree) or (side is not None and len(side))):
         context = prefill(target, cache, pending[:-1], spec, proposal.features)
         pending = pending[-1:]

@@ -219,12 +219,15 @@ class Eagle(Proposer):
         return nodes
 
     @staticmethod
+    def _rank(nodes) -> list[int]:
+        """The nodes' indices, best cumulative log-prob first (ties: the shallower first)."""
+        return sorted(range(len(nodes)), key=lambda i: (-nodes[i][0], nodes[i][1]))
+
+    @staticmethod
     def _tree(root: int, nodes, budget: int, ranked: list[int] | None = None) -> DraftTree:
         """The `budget` best nodes by cumulative log-prob, closed under parents, ordered by depth (`ranked`: the
-        nodes' indices best first, when already sorted for another budget)."""
-        if ranked is None:
-            ranked = sorted(range(len(nodes)), key=lambda i: (-nodes[i][0], nodes[i][1]))
-        best = ranked[:budget]
+        nodes' `_rank`, when already computed for another budget)."""
+        best = (ranked if ranked is not None else Eagle._rank(nodes))[:budget]
         keep = set(best)
         for i in best:  # ties can rank a child above its parent: bring parents along
             p = nodes[i][3]
@@ -245,7 +248,7 @@ class Eagle(Proposer):
         most = max([budget, *self.budget.others])  # one ranked list answers every candidate
         start, before = time.perf_counter(), self.head_forwards
         nodes = self._draft(state.committed, max_depth, most)  # its .tolist() calls wait for a GPU's kernels
-        ranked = sorted(range(len(nodes)), key=lambda i: (-nodes[i][0], nodes[i][1]))  # one ranking, every budget
+        ranked = self._rank(nodes)  # one ranking answers every budget
         carry = self.budget.carry(lambda b: self._tree(root, nodes, b, ranked))
         tree = self._tree(root, nodes, budget, ranked)
         if self.head_price is not None and max_depth >= self.depth:  # `most` is a rung of the ladder
