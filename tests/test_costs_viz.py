@@ -152,3 +152,29 @@ def test_acceptance_figure_and_explorer():
     assert sliders["alpha"].value == 0.7 and sliders["gamma"].value == 3
     assert sliders["cost ratio c"].value == 0.25
     sliders["gamma"].value = 5  # moving a slider re-renders without error
+
+
+def test_the_formula_is_drawn_with_the_measured_points_over_it():
+    measured = pd.DataFrame({"method": ["draft_model", "draft_model", "hf_assisted"], "gamma": [2, 4, 2],
+                             "mat": [1.9, 2.6, 1.9]})
+    curve, points = costs.formula_against_measured(measured, alpha=0.5)
+    assert curve.gamma.tolist() == list(range(0, 7))  # up to the largest measured gamma + 2
+    np.testing.assert_allclose(curve.expected_tokens, [costs.expected_tokens_per_step(0.5, g) for g in range(7)])
+    np.testing.assert_allclose(points.expected_tokens, [1.75, 1.9375, 1.75])
+    np.testing.assert_allclose(points.ratio, points.mat / points.expected_tokens)
+    assert points.method.tolist() == measured.method.tolist()  # the measured rows kept, in order
+    assert costs.formula_against_measured(measured, 0.5, max_gamma=3)[0].gamma.max() == 3
+    with pytest.raises(ValueError, match="mat"):
+        costs.formula_against_measured(measured.drop(columns="mat"), 0.5)
+    with pytest.raises(ValueError, match="alpha"):
+        costs.formula_against_measured(measured, 1.5)
+
+    fig = viz.expected_tokens_figure(curve, points, alpha=0.5)
+    assert isinstance(fig, go.Figure)
+    line, *markers = fig.data
+    assert list(line.x) == curve.gamma.tolist() and list(line.y) == pytest.approx(curve.expected_tokens.tolist())
+    assert [m.name for m in markers] == ["draft_model", "hf_assisted"]
+    assert list(markers[0].x) == [2, 4] and list(markers[0].y) == [1.9, 2.6] and list(markers[1].y) == [1.9]
+    assert fig.layout.shapes[0].y0 == pytest.approx(2.0)  # the limit 1 / (1 - alpha)
+    no_method = viz.expected_tokens_figure(curve, points.drop(columns="method"), alpha=1.0)  # alpha = 1: no limit
+    assert len(no_method.data) == 2 and not no_method.layout.shapes

@@ -13,6 +13,9 @@
   verification, Leviathan's assumption; read the real value off `forward_cost`, see `verify_overhead`).
 - `measured_agreement(target, draft, input_ids)`: greedy top-1 agreement of draft and target along a text,
   a stand-in for alpha under greedy decoding.
+- `formula_against_measured(measured, alpha)`: E[tokens](gamma) at alpha on every gamma up to a little past the
+  measured ones (the curve), and the measured MAT points with the formula's value beside them (notebook 03's
+  gamma sweep drawn over the formula: `viz.expected_tokens_figure`).
 - `batch_cost(model, batches, rows)`: forward_cost for B sequences at once, with the roofline's arithmetic: a
   forward reads the weights once and does about 2 x params FLOPs per row, so the FLOPs per byte of weights grow
   with B x R, and the achieved GFLOP/s grow with them until the arithmetic, not the reading, is the limit.
@@ -30,8 +33,8 @@ import torch
 from ..mechanisms.cost_curve import CostCurve
 from ..mechanisms.step_cost import DEFAULT_ROWS, forward_cost, verify_cost
 
-__all__ = ["DEFAULT_ROWS", "batch_cost", "expected_speedup", "expected_tokens_per_step", "forward_cost",
-           "measured_agreement", "verify_cost", "verify_overhead"]
+__all__ = ["DEFAULT_ROWS", "batch_cost", "expected_speedup", "expected_tokens_per_step", "formula_against_measured",
+           "forward_cost", "measured_agreement", "verify_cost", "verify_overhead"]
 
 
 def verify_overhead(costs: pd.DataFrame, model: str, gamma: int) -> float:
@@ -68,6 +71,28 @@ def expected_speedup(alpha, gamma, cost_ratio, verify_overhead: float = 1.0):
         raise ValueError(f"cost_ratio must be >= 0 and verify_overhead > 0, got {cost_ratio}, {verify_overhead}")
     out = np.asarray(expected_tokens_per_step(alpha, gamma)) / (np.asarray(gamma, dtype=float) * c + v)
     return float(out) if out.ndim == 0 else out
+
+
+def formula_against_measured(measured: pd.DataFrame, alpha: float, max_gamma: int | None = None
+                             ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Leviathan's E[tokens](gamma) at `alpha` beside measured MAT.
+
+    measured: one row per measured point, columns `gamma` and `mat` (and e.g. `method`), such as a gamma sweep's
+    summaries. Returns (curve, points): curve has `gamma` = 0..max_gamma (default: the largest measured gamma + 2)
+    and `expected_tokens`; points is `measured`'s rows with `expected_tokens` at their gamma and `ratio` = mat over
+    it (above 1: the run gained more per target forward than i.i.d. acceptance at alpha predicts)."""
+    missing = {"gamma", "mat"} - set(measured.columns)
+    if missing:
+        raise ValueError(f"measured needs the columns {sorted(missing)}")
+    if not 0.0 <= float(alpha) <= 1.0:
+        raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
+    top = int(measured["gamma"].max()) + 2 if max_gamma is None else int(max_gamma)
+    curve = pd.DataFrame({"gamma": np.arange(0, top + 1)})
+    curve["expected_tokens"] = expected_tokens_per_step(float(alpha), curve["gamma"].to_numpy())
+    points = measured.reset_index(drop=True).copy()
+    points["expected_tokens"] = expected_tokens_per_step(float(alpha), points["gamma"].to_numpy(dtype=float))
+    points["ratio"] = points["mat"] / points["expected_tokens"]
+    return curve, points
 
 
 def measured_agreement(target, draft, input_ids) -> float:

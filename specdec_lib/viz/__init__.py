@@ -17,7 +17,8 @@ package only, so the rest of `specdec_lib` imports without them.
   `distribution_figure`); acceptance by draft depth and against temperature (`depth_acceptance_figure`,
   `temperature_acceptance_figure`).
 - `costs`: forward costs and expected speedups (`cost_curve_figure`, `speedup_surface_figure`,
-  `speedup_explorer`, `cost_figure`), and what a batch achieves (`batch_roofline_figure`).
+  `speedup_explorer`, `cost_figure`), the expected-tokens formula under measured MAT (`expected_tokens_figure`),
+  and what a batch achieves (`batch_roofline_figure`).
 - `layout`: FAFO's KV layout: block maps, the store's slots over steps, the per-step timing chart
   (`block_map_figure`, `layout_figure`, `selection_figure`, `layout_timing_figure`).
 - `fumble`: FAFO's guess streams over steps and its pool (`streams_figure`, `pool_figure`, `pool_explorer`).
@@ -39,7 +40,8 @@ from .caches import CacheStep, cache_steps, cache_timeline_figure, rollback_expl
 from .acceptance import (acceptance_figure, acceptance_html, depth_acceptance_figure, distribution_figure,
                          draft_time_figure, result_acceptance_html, steps_figure, temperature_acceptance_figure,
                          token_kinds)
-from .costs import batch_roofline_figure, cost_curve_figure, cost_figure, speedup_explorer, speedup_surface_figure
+from .costs import (batch_roofline_figure, cost_curve_figure, cost_figure, expected_tokens_figure, speedup_explorer,
+                    speedup_surface_figure)
 from .layout import block_map_figure, layout_figure, layout_timing_figure, selection_figure
 from .fumble import pool_explorer, pool_figure, streams_figure
 from .timeline import card_explorer, timeline_figure
@@ -50,7 +52,7 @@ from .bench import (ablation_explorer, bench_figure, context_figure, gamma_sweep
 
 __all__ = ["CacheStep", "ablation_explorer", "acceptance_figure", "acceptance_html", "bench_figure", "context_figure",
            "block_map_figure", "budget_explorer", "card_explorer", "cache_steps", "cache_timeline_figure",
-           "batch_roofline_figure", "cost_curve_figure", "cost_figure",
+           "batch_roofline_figure", "cost_curve_figure", "cost_figure", "expected_tokens_figure",
            "budget_figure", "cost_per_token_figure", "efficiency_figure", "never_slower_figure", "radar_figure",
            "step_costs_figure", "why_explorer",
            "depth_acceptance_figure", "distribution_figure", "draft_time_figure", "gamma_sweep_figure", "heatmap_figure", "layout_figure",

@@ -7,6 +7,8 @@
   speedup-vs-gamma curve.
 - `batch_roofline_figure(df)`: achieved GFLOP/s against tokens per forward (B sequences x R rows), one line per
   batch size, from `costs.batch_cost`: the roofline's rising part, then its plateau.
+- `expected_tokens_figure(curve, points, alpha)`: Leviathan's E[tokens](gamma) at a measured alpha, with measured
+  MAT over it (from `costs.formula_against_measured`).
 - `cost_figure(df, x, y, color)`: any timing against a parameter, one line per `color` group (table
   operations against capacity, mask building against rows, ...).
 
@@ -56,6 +58,28 @@ def batch_roofline_figure(batch_costs) -> go.Figure:
                       xaxis_title="tokens per forward (B x R)", yaxis_title="achieved GFLOP/s (2 x params per token)",
                       template="plotly_white", legend_title="batch size")
     fig.update_xaxes(type="log", tickvals=sorted(batch_costs["tokens"].unique().tolist()))
+    return fig
+
+
+def expected_tokens_figure(curve, points, alpha: float, title: str | None = None) -> go.Figure:
+    """E[tokens](gamma) = (1 - alpha^(gamma+1)) / (1 - alpha) at `alpha` (a line, from `curve`: columns gamma,
+    expected_tokens), its limit 1 / (1 - alpha) as gamma grows (dotted, when alpha < 1), and the measured MAT
+    (markers, from `points`: columns gamma, mat, and one marker series per `method` when it has that column)."""
+    fig = go.Figure(go.Scatter(x=curve["gamma"].tolist(), y=curve["expected_tokens"].tolist(), mode="lines",
+                               name=f"formula at alpha = {alpha:.2f}", line=dict(color="grey"),
+                               hovertemplate="gamma=%{x}<br>E[tokens] %{y:.2f}<extra>formula</extra>"))
+    if alpha < 1:
+        fig.add_hline(y=1 / (1 - alpha), line_dash="dot", line_color="grey",
+                      annotation_text=f"limit 1 / (1 - alpha) = {1 / (1 - alpha):.2f}", annotation_position="top left")
+    groups = points.groupby("method", sort=False) if "method" in points else [("measured", points)]
+    for (method, part), symbol in zip(groups, ("circle", "diamond", "square", "triangle-up", "x", "star")):
+        part = part.sort_values("gamma")
+        fig.add_trace(go.Scatter(x=part["gamma"].tolist(), y=part["mat"].tolist(), mode="markers", name=str(method),
+                                 marker=dict(size=11, symbol=symbol),
+                                 hovertemplate=f"{method}<br>gamma=%{{x}}<br>MAT %{{y:.2f}}<extra></extra>"))
+    fig.update_layout(template="plotly_white", title=title or "Tokens per target forward: the formula and the runs",
+                      xaxis_title="gamma (draft length)", yaxis_title="tokens per target forward", legend_title="")
+    fig.update_yaxes(rangemode="tozero")
     return fig
 
 
