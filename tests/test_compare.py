@@ -59,6 +59,27 @@ def test_efficiency_is_speedup_over_the_bound_from_the_cost_curve(runs):
     assert list(fig.data[0].y) == list(table.bound) and fig.data[1].text[0].endswith("%")
 
 
+def test_efficiency_against_the_loops_plain_decoding_shares_the_bounds_baseline(runs):
+    """baseline="autoregressive": the speedup is over the loop's plain decoding (no row of its own), and with
+    decode=True speeds and MAT are read after the prompt's forward, as summarize's decode_tokens_per_s."""
+    costs = pd.DataFrame(dict(rows=[1, 4, 16], median_ms=[10.0, 12.0, 30.0]))
+    plain = runs[runs.method == "draft_model"].assign(method="autoregressive", rows_per_step=1.0)
+    with_plain = pd.concat([runs, plain], ignore_index=True)
+    with pytest.raises(ValueError, match="autoregressive"):
+        compare.efficiency(runs, costs, baseline="autoregressive")
+    table = compare.efficiency(with_plain, costs, baseline="autoregressive", decode=True).set_index("method")
+    assert set(table.index) == {"prompt_lookup", "draft_model"}  # neither hf nor the baseline is a row
+    assert np.isclose(table.loc["draft_model", "speedup"], 1.0)  # the same runs as its baseline's
+    pl = with_plain[with_plain.method == "prompt_lookup"]
+    decode_speed = lambda g: (g.new_tokens - g.prefill_tokens).sum() / (g.wall_seconds - g.prefill_seconds).sum()
+    assert np.isclose(table.loc["prompt_lookup", "speedup"], decode_speed(pl) / decode_speed(plain))
+    mat = (pl.new_tokens - pl.prefill_tokens).sum() / (pl.target_forwards - 1).sum()
+    rows = np.average(pl.rows_per_step, weights=pl.target_forwards)
+    assert np.isclose(table.loc["prompt_lookup", "bound"], mat * 10.0 / np.interp(rows, [1, 4, 16], [10, 12, 30]))
+    fig = viz.efficiency_figure(table.reset_index(), baseline="autoregressive")
+    assert fig.layout.yaxis.title.text == "x autoregressive"
+
+
 def test_spec_bench_question_jsonl_loads_first_turns_and_categories(tmp_path):
     path = tmp_path / "question.jsonl"
     rows = [{"question_id": 81, "category": "writing", "turns": ["Write a haiku.", "Now in French."]},

@@ -76,20 +76,34 @@ def by_category(runs: pd.DataFrame) -> pd.DataFrame:
         list(dict.fromkeys(table.method))]
 
 
-def efficiency(runs: pd.DataFrame, costs: pd.DataFrame) -> pd.DataFrame:
+def efficiency(runs: pd.DataFrame, costs: pd.DataFrame, baseline: str = "hf", decode: bool = False) -> pd.DataFrame:
     """Per method with step records: MAT, rows per step, its bound MAT x t(1) / t(rows), the measured speedup
-    and the share of the bound it keeps. `costs`: `costs.forward_cost(target, rows)` (one model)."""
+    and the share of the bound it keeps. `costs`: a cost curve of one model (`costs.forward_cost`, or the loop's
+    step, `costs.verify_cost`: what the loop's steps pay). `baseline`: the method the speedup is over, "hf" or
+    "autoregressive" (the loop's plain decoding, whose step is the curve's t(1) when `costs` is the loop's step:
+    then the bound and the speedup share their baseline, and a method keeps at most all of its bound).
+    `decode`: both read after the first forward, the prompt's (as `harness.summarize`'s decode_tokens_per_s):
+    speeds over the time after it, MAT over the forwards after it, so the prefill weighs on neither."""
     t = CostCurve(costs["rows"].tolist(), costs["median_ms"].tolist())  # read as the auto budgets read a curve
-    totals = runs.groupby("method", sort=False)[["new_tokens", "wall_seconds", "target_forwards"]].sum()
-    hf_speed = totals.loc["hf", "new_tokens"] / totals.loc["hf", "wall_seconds"]
+    columns = ["new_tokens", "wall_seconds", "target_forwards"] + (["prefill_seconds", "prefill_tokens"] if decode else [])
+    totals = runs.groupby("method", sort=False)[columns].sum()
+    if decode:
+        firsts = runs.groupby("method", sort=False).size()  # one first forward per run
+        tokens, seconds = totals.new_tokens - totals.prefill_tokens, totals.wall_seconds - totals.prefill_seconds
+        forwards = totals.target_forwards - firsts
+    else:
+        tokens, seconds, forwards = totals.new_tokens, totals.wall_seconds, totals.target_forwards
+    if baseline not in tokens.index:
+        raise ValueError(f"the runs have no {baseline!r} to measure the speedup against")
+    base_speed = tokens[baseline] / seconds[baseline]
     out = []
     for method, group in runs.groupby("method", sort=False):
-        if method == "hf" or group.rows_per_step.isna().all():
+        if method in ("hf", baseline) or group.rows_per_step.isna().all():
             continue
-        mat = group.new_tokens.sum() / group.target_forwards.sum()
+        mat = tokens[method] / forwards[method]
         rows = float(np.average(group.rows_per_step, weights=group.target_forwards))
         bound = mat * t(1) / t(rows)
-        speedup = (totals.loc[method, "new_tokens"] / totals.loc[method, "wall_seconds"]) / hf_speed
+        speedup = (tokens[method] / seconds[method]) / base_speed
         out.append(dict(method=method, mat=mat, rows_per_step=rows, bound=bound, speedup=speedup,
                         efficiency=speedup / bound))
     return pd.DataFrame(out)

@@ -51,12 +51,14 @@ def radar_figure(table, title: str = "Speedup over hf per category") -> go.Figur
     return fig
 
 
-def efficiency_figure(table, title: str = "Measured speedup and the bound MAT x t(1) / t(rows)") -> go.Figure:
+def efficiency_figure(table, title: str = "Measured speedup and the bound MAT x t(1) / t(rows)",
+                      baseline: str = "hf") -> go.Figure:
+    """The bound and the measured speedup of each method (`bench.compare.efficiency`), both over `baseline`."""
     methods = list(table.method)
     fig = go.Figure([go.Bar(x=methods, y=table.bound, name="bound (drafting free)", marker_color="rgb(198,219,239)"),
                      go.Bar(x=methods, y=table.speedup, name="measured", marker_color="rgb(49,130,189)",
                             text=[f"{e:.0%}" for e in table.efficiency], textposition="outside")])
-    fig.update_layout(title=title, barmode="overlay", yaxis_title="x hf", height=420, width=900)
+    fig.update_layout(title=title, barmode="overlay", yaxis_title=f"x {baseline}", height=420, width=900)
     return fig
 
 
