@@ -72,10 +72,12 @@ def expected_tokens_figure(curve, points, alpha: float, title: str | None = None
         fig.add_hline(y=1 / (1 - alpha), line_dash="dot", line_color="grey",
                       annotation_text=f"limit 1 / (1 - alpha) = {1 / (1 - alpha):.2f}", annotation_position="top left")
     groups = points.groupby("method", sort=False) if "method" in points else [("measured", points)]
-    for (method, part), symbol in zip(groups, ("circle", "diamond", "square", "triangle-up", "x", "star")):
+    # two lossless methods of one algorithm share their MAT: an open, larger first marker keeps both visible
+    for i, ((method, part), symbol) in enumerate(zip(groups, ("circle-open", "diamond", "square", "triangle-up", "x",
+                                                              "star"))):
         part = part.sort_values("gamma")
         fig.add_trace(go.Scatter(x=part["gamma"].tolist(), y=part["mat"].tolist(), mode="markers", name=str(method),
-                                 marker=dict(size=11, symbol=symbol),
+                                 marker=dict(size=16 if i == 0 else 9, symbol=symbol, line=dict(width=2)),
                                  hovertemplate=f"{method}<br>gamma=%{{x}}<br>MAT %{{y:.2f}}<extra></extra>"))
     fig.update_layout(template="plotly_white", title=title or "Tokens per target forward: the formula and the runs",
                       xaxis_title="gamma (draft length)", yaxis_title="tokens per target forward", legend_title="")
