@@ -15,12 +15,12 @@ run and the expectation part. `claims(...)` renders several as a list. A paper's
 quoted in Markdown, named as such.
 
 `typed_numbers(markdown)` finds measured-looking numbers typed into Markdown (a number with a unit of speed,
-time or ratio: "1.3x", "15 ms", "42 tokens/s", "+5 %"), except on lines that quote a paper (they name it:
-"paper", "Table 3", "reports", ...): the notebook test counts them per notebook against a ceiling that only
-goes down.
+time, size or ratio: "1.3x", "15 ms", "80 µs", "7 min", "2 MB", "42 tokens/s", "+5 %", or a time in words: "tens
+of microseconds"), except on lines that quote a paper (they name it: "paper", "Table 3", "reports", ...): the
+notebook test counts them per notebook against a ceiling that only goes down.
 
-Simplifications: the unit list is what this workbook writes (x, ms, s, %, tokens/s); a number written out in
-words is not found.
+Simplifications: the unit list is what this workbook writes (x, ms, µs, s, min, %, tokens/s, KB/MiB/...); a number
+written out in words is found only as "tens/hundreds/thousands of (micro/milli)seconds".
 """
 from __future__ import annotations
 
@@ -94,8 +94,10 @@ def claims(*items: Claim) -> Claims:
     return Claims(list(items))
 
 
-# a number with a unit of speed, time or ratio: 1.3x, 0.95×, 15 ms, 2.1 s, 42 tokens/s, +5 %, MAT 2.4
-_MEASURED = re.compile(r"(?<![\w.$\\{])[+-]?\d+(?:\.\d+)?(?:[x×]|\s?(?:ms|s|%|tokens/s))(?!\w)|\bMAT (?:of )?\d+\.\d+")
+# a number with a unit of speed, time, size or ratio: 1.3x, 0.95×, 15 ms, 80 µs, 2.1 s, 7 min, 2 MB, 42 tokens/s,
+# +5 %, MAT 2.4; and times in words ("tens of microseconds")
+_MEASURED = re.compile(r"(?<![\w.$\\{])[+-]?\d+(?:\.\d+)?(?:[x×]|\s?(?:ms|µs|us|s|min|minutes?|hours?|%|tokens/s|"
+                       r"[KMG]i?B))(?!\w)|\bMAT (?:of )?\d+\.\d+|\b(?:tens|hundreds|thousands) of (?:micro|milli)?seconds\b")
 _QUOTES_A_PAPER = re.compile(r"paper|Table \d|Figure \d|reports?|published|Spec-Bench|Leviathan|\bet al\b|MT-bench|"
                              r"A100|H100|Llama-2", re.I)
 
