@@ -8,8 +8,9 @@ step, with the best expected tokens per ms on this machine's own cost curve, a p
 
 - cost_curve.py: what a step of the loop costs for R rows at a context (measured once, cached on disk);
 - choosers.py: `ChainBudget` (a chain's length: draft model, prompt lookup, CARD's query) and `TreeBudget` (a
-  tree's size: Cacheback, Lookahead's guesses, FAFO's candidates, EAGLE), their probes bounded to TRIAL_SHARE of
-  the time;
+  tree's size: Cacheback, Lookahead's guesses, FAFO's candidates), their probes bounded to TRIAL_SHARE of the
+  time;
+- confidence.py: `ConfidenceBudget` (EAGLE's tree: depth and size from the head's calibrated confidence);
 - side_budget.py: `SideBudget`, rows that feed a pool (Lookahead's window, FAFO's streams) or drafting at all
   (CARD), on or off;
 - here: `Budget`, what a method holds (check, start, choose, record, stats, info): the int the user gave,
@@ -22,11 +23,12 @@ from typing import Callable
 
 from ..checks import check_int
 from .choosers import TRIAL_SHARE, ChainBudget, TreeBudget, tree_yield
+from .confidence import ConfidenceBudget
 from .cost_curve import reach, resolve_curve
 from .side_budget import SideBudget, text_tree_yield
 
-__all__ = ["AUTO", "TRIAL_SHARE", "Budget", "ChainBudget", "SideBudget", "TreeBudget", "check_budget", "check_costs",
-           "chooser_stats", "is_auto", "text_tree_yield", "tree_yield"]
+__all__ = ["AUTO", "TRIAL_SHARE", "Budget", "ChainBudget", "ConfidenceBudget", "SideBudget", "TreeBudget",
+           "check_budget", "check_costs", "chooser_stats", "is_auto", "text_tree_yield", "tree_yield"]
 
 AUTO = "auto"
 
@@ -40,6 +42,8 @@ def chooser_stats(chooser) -> dict:
     The budget chosen each step is in the step records, under "draft_size"."""
     if chooser is None:
         return {}
+    if isinstance(chooser, ConfidenceBudget):  # and what it learnt: the head's price, its calibration
+        return chooser.stats()
     return dict(curve=repr(chooser.curve), costs=repr(chooser.costs))
 
 
@@ -77,7 +81,7 @@ class Budget:
         if not shared:
             check_costs(option, value, **costs)
         self.costs = costs
-        self.chooser: ChainBudget | TreeBudget | None = None
+        self.chooser: ChainBudget | TreeBudget | ConfidenceBudget | None = None
         self.others: list[int] = []  # a tree chooser's neighbouring candidates this step (to regrow)
 
     @property
@@ -118,13 +122,17 @@ class Budget:
 
     def record(self, verdict) -> None:
         """Learn from a verified step (nothing when fixed): a chain's depths drafted and accepted, a tree's
-        counterfactual yields (what `carry` regrows)."""
+        counterfactual yields (what `carry` regrows), EAGLE's calibration (the verified nodes' head probabilities)."""
         if self.chooser is None:
             return
         proposal = verdict.proposal
         if isinstance(self.chooser, TreeBudget):
             if "regrow" in proposal.carry:
                 self.chooser.record_proposal(proposal, verdict.emitted)
+        elif isinstance(self.chooser, ConfidenceBudget):
+            if "probs" in proposal.carry:  # a drafted step (a plain one drafted nothing to calibrate)
+                self.chooser.record(proposal.tree.parents, proposal.carry["probs"], verdict.accepted,
+                                    len(verdict.emitted), proposal.carry["draft_ms"])
         elif len(proposal.tree):
             self.chooser.record(len(proposal.tree), len(verdict.accepted))
         ms = verdict.verify_ms  # the loop's timing of this step (None: the prefill's)

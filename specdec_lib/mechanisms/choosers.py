@@ -23,9 +23,9 @@ Two estimators of E[tokens | b]:
   forget (CHAIN_DECAY per verified step), so the estimate follows the text's regime; the bonus
   picks the depth only: whether to draft at all (against a plain step) is judged on the counts without it.
 - `TreeBudget` (a tree grown to a size budget: Cacheback's TDL, Lookahead's guesses, FAFO's find-out
-  candidates, EAGLE's nodes): a ladder of candidates, compared on the same steps (a ratio estimator). A step's
-  verdict tells, for every tree the proposer regrows for a neighbouring candidate, what that tree would have
-  yielded (`tree_yield`: the emitted path is fixed, so a tree that leaves it at position j yields j + 1),
+  candidates; EAGLE's head judges its own trees instead, confidence.py): a ladder of candidates, compared on
+  the same steps (a ratio estimator). A step's verdict tells, for every tree the proposer regrows for a
+  neighbouring candidate, what that tree would have yielded (`tree_yield`: the emitted path is fixed, so a tree that leaves it at position j yields j + 1),
   exactly, or as a lower bound when a larger tree holds the whole path; every `probe_every` steps or more (as
   above) the next larger candidate is verified instead (a deterministic probe, no coin).
 
@@ -33,8 +33,8 @@ Rows that read a compressed KV only (FAFO's fumble rows: `cheap_rows`) are price
 length instead.
 
 Simplifications: the draft time of the n-gram drafters is taken as zero (tens of microseconds against
-milliseconds of forward); a draft model's is gamma x its own one-row forward (at the first prefix); EAGLE's
-drafting is priced as measured (methods/eagle.py); acceptance is modelled per depth only (not per context).
+milliseconds of forward); a draft model's is gamma x its own one-row forward (at the first prefix);
+acceptance is modelled per depth only (not per context).
 """
 from __future__ import annotations
 
@@ -253,11 +253,6 @@ class TreeBudget:
         if self.candidates[0] == 0:  # no tree: the root's token, exactly (never the verified yield's level)
             tokens[0] = 1.0
         return tokens, [d + self.step_ms(r) for d, r in zip(self.draft, rows)]
-
-    def reprice(self, draft_ms: Callable[[int], float]) -> None:
-        """New drafting times per candidate, for a proposer that learns what its drafting costs (EAGLE's head)."""
-        self.draft_ms = draft_ms
-        self.draft = [float(draft_ms(b)) for b in self.candidates]
 
     def step_ms(self, rows: float) -> float:
         """ms of a step of `rows` full-context rows, corrected by what the loop's steps took (MeasuredSteps: a

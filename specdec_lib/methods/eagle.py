@@ -25,28 +25,24 @@ Step 1 has no features yet: it is a plain step whose forward keeps the prompt's 
 The drafts are a deterministic function of the committed text (top-k, no coin), so the tree walk is lossless
 under greedy decoding and under sampling alike (verify.walk_tree draws each emitted token from the target's p).
 
-Budget: `budget` (tree nodes verified) is an int or "auto": chosen each step on this machine's cost curve by
-TreeBudget (mechanisms/budget.py) from the ladder BUDGET_LADDER; the same ranked list answers what any other
-budget would have yielded (its top b), so the counterfactuals cost nothing, and every smaller budget's are
-recorded each step (TreeBudget's window: none is left unseen). Budget 0 is a plain step (no head
-forward, and no counterfactual: the chooser's probe drafts again), taken where no tree pays.
+Budget: `budget` (tree nodes verified per step) is an int, honoured exactly (steps 2-3 above), or "auto": then
+the head's own confidence decides each step how deep to draft and how many nodes to verify, on this machine's
+cost curve (ConfidenceBudget, mechanisms/confidence.py): the head's probabilities, calibrated against the
+target's verdicts, give each node its chance to be accepted (its *value*; nodes are ranked by it), a further
+depth is drafted when its expected tokens pay the head forward it costs, the size kept is the BUDGET_LADDER
+rung that saves the most over a plain step, and where drafting stops paying (every step's catch-up forward
+included) the method decodes plainly, probing again now and then. A head forward's price starts at its time
+measured here once per head and target (`head_ms=` injects it), then moves to what drafting took per forward
+(the Python work of growing and ranking the tree is paid too: on the tiny pair as much as the forwards); under
+sampling, or injected, it stays put: a seed's draws never follow the machine's speed.
 
-The drafting is priced too: a budget b pays what drafting b' takes, b' the next rung above b (the chooser also
-drafts that one, to learn its yield). Before b' has been drafted that is min(depth, b') head forwards (an upper
-bound: a tree of b' nodes spans at most b' depths; the catch-up forward drafts depth 1, each further depth one
-forward), one head forward (a row, and the target's LM head over its prediction) timed here once per head and
-target (`head_ms=` injects it, and then the forwards are priced at it instead of timed); each step that drafts
-b' then moves its estimate towards the ms that step's drafting really took, as measured (a bushy tree spans
-fewer depths, an unsure head stops early, and the Python work of growing, ranking and cutting the trees is paid
-too: on the tiny pair it is as much as the forwards), and the chooser is repriced. Under sampling the step's
-forwards at the head's price stand in for the clock: a seed's draws then never follow the machine's speed.
-
-Simplifications: one head forward's time is measured once (its rows vary little); the head reads normed features
+Simplifications: a head forward's price is one number (its rows vary little); the head reads normed features
 (eagle_head.py); sampling verifies the greedy top-k tree by the walk,
 not with EAGLE's recursive rejection sampling (lossless, a little lower acceptance); batch size 1.
 """
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -55,11 +51,11 @@ from .. import compat
 from ..checks import check_int
 from ..eagle_head import EagleHead, head_for
 from ..loop import LoopState, Proposal, Proposer, register_proposer
-from ..mechanisms.budget import Budget, TreeBudget
+from ..mechanisms.budget import Budget
+from ..mechanisms.confidence import ConfidenceBudget
 from ..mechanisms.draft_tree import ROOT, DraftTree
 
 BUDGET_LADDER = (0, 1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # budget="auto" picks among these
-DRAFT_MS_RATE = 0.2  # budget="auto": how fast a rung's drafting-ms estimate moves to what drafting it took
 _HEAD_MS: dict[tuple, float] = {}  # one head forward's ms, timed once per (head, target) in this process
 
 
@@ -126,21 +122,11 @@ class Eagle(Proposer):
         # the head's cache; rows 0..exact-1 hold true features
         self.cache, self.exact = compat.new_dynamic_cache(head.config), 0
         self.pending: list[torch.Tensor] = []  # features (d,) of positions exact.. not yet fed to the head
-        # never a plain step before any evidence (`first`): the chooser falls to 0 after probe_every steps, or once
-        # those lost trial_share of the plain time of max_new_tokens
-        self.head_price = self.draft_ms = None
-        if self.budget.auto:  # a budget b pays the head forwards of the next rung above it (the module doc)
-            ms = self.head_price = self.head_ms if self.head_ms is not None else head_forward_ms(head, req.target)
-            above = {b: BUDGET_LADDER[min(i + 1, len(BUDGET_LADDER) - 1)] for i, b in enumerate(BUDGET_LADDER)}
-            # per drafted rung, its ms: the prior min(depth, b) head forwards, then as measured
-            self.spent = {b: ms * min(self.depth, b) for b in BUDGET_LADDER}
-            self.draft_ms = lambda b: self.spent[above[b]] if b else 0.0  # noqa: E731
-        # every smaller budget's tree is a prefix of the one ranked list: all of them are regrown each step
-        # (window), so no smaller budget is ever unseen (an unseen one is estimated at the verified yield's
-        # level, which a tree of 1 or 2 nodes cannot reach)
-        self.budget.start(req, lambda curve: TreeBudget(curve, BUDGET_LADDER, context=len(state.committed), first=1,
-                                                        window=len(BUDGET_LADDER), draft_ms=self.draft_ms,
-                                                        horizon=req.max_new_tokens))
+        if self.budget.auto:  # the head's confidence decides depth and size (the module doc)
+            ms = self.head_ms if self.head_ms is not None else head_forward_ms(head, req.target)
+            learn = self.head_ms is None and req.sampling.greedy  # no clock under sampling: a seed's draws are fixed
+            self.budget.start(req, lambda curve: ConfidenceBudget(curve, BUDGET_LADDER, ms, len(state.committed),
+                                                                  learn_head=learn))
         self.head_forwards = self.head_rows = 0
 
     def _head(self, feats: torch.Tensor, tokens: list[int], positions: list[int], sees: torch.Tensor):
@@ -164,9 +150,12 @@ class Eagle(Proposer):
         top, idx = logp.topk(min(self.topk, logp.shape[-1]), dim=-1)  # (R, topk)
         return top, (ids[idx] if ids is not None else idx)
 
-    def _draft(self, committed: list[int], max_depth: int, keep: int) -> list[tuple[float, int, int, int]]:
-        """Every node drafted this step: (cumulative log-prob, depth, token, parent's index in the list); only
-        what can enter the best `keep` is expanded."""
+    def _draft(self, committed: list[int], max_depth: int, keep: int,
+               judge: ConfidenceBudget | None = None) -> list[tuple[float, int, int, int, float]]:
+        """Every node drafted this step: (score, depth, token, parent's index in the list, the head's probability
+        of the token given its parent). The score is the cumulative log-prob, or with a `judge` (budget "auto")
+        the log of the node's value (its calibrated chance to be accepted). Without a judge only what can enter
+        the best `keep` is expanded; with one, what it finds worth a head forward."""
         T = len(committed) - 1  # the root's position
         if self.cache.get_seq_length() > self.exact:  # last step's tree rows
             compat.crop(self.cache, self.exact)
@@ -179,20 +168,38 @@ class Eagle(Proposer):
                          torch.ones(n, n, dtype=torch.bool, device=self.device).tril())
         self.exact += n
         self.pending = []
-        nodes: list[tuple[float, int, int, int]] = []  # (score, depth, token, parent) in drafting order
+        nodes: list[tuple[float, int, int, int, float]] = []  # (score, depth, token, parent, q) in drafting order
+
+        def grow(parent: int, base: float, logp: list[float], toks: list[int]) -> None:
+            best = 0.0
+            for lp, tok in zip(logp, toks):
+                q = math.exp(lp)
+                if judge is None:
+                    score = base + lp
+                else:
+                    v = judge.value(q)
+                    best = max(best, v)
+                    score = base + math.log(max(v, 1e-30))
+                nodes.append((score, 1 if parent == ROOT else nodes[parent][1] + 1, tok, parent, q))
+                frontier.append(len(nodes) - 1)
+            if judge is not None and parent != ROOT:
+                judge.saw_children(best)
+
         logp, toks = self._children(out[-1:])
-        frontier = []
-        for lp, tok in zip(logp[0].tolist(), toks[0].tolist()):
-            nodes.append((lp, 1, tok, ROOT))
-            frontier.append(len(nodes) - 1)
+        frontier: list[int] = []
+        grow(ROOT, 0.0, logp[0].tolist(), toks[0].tolist())
         parent_feat = {ROOT: out[-1]}
         ancestors_rows: dict[int, list[int]] = {ROOT: []}
         tree_rows = 0
         for d in range(1, min(self.depth, max_depth)):
-            # a child never scores above its parent: a frontier node below the keep-th best score so far can
-            # add nothing to the kept tree, and when no node is above it, deeper depths are not drafted at all
-            floor = sorted((n[0] for n in nodes), reverse=True)[keep - 1] if len(nodes) >= keep else float("-inf")
-            expand = [i for i in sorted(frontier, key=lambda i: -nodes[i][0])[:self.topk] if nodes[i][0] > floor]
+            best = sorted(frontier, key=lambda i: -nodes[i][0])[:self.topk]
+            if judge is None:
+                # a child never scores above its parent: a frontier node below the keep-th best score so far can
+                # add nothing to the kept tree, and when no node is above it, deeper depths are not drafted at all
+                floor = sorted((n[0] for n in nodes), reverse=True)[keep - 1] if len(nodes) >= keep else -math.inf
+                expand = [i for i in best if nodes[i][0] > floor]
+            else:  # what pays one more head forward (its nodes' values are exp(score))
+                expand = best[:judge.expand([math.exp(nodes[i][0]) for i in best])]
             if not expand:
                 break
             feats = torch.stack([parent_feat[nodes[i][3]] for i in expand])  # (E, d): the parent's prediction
@@ -212,21 +219,18 @@ class Eagle(Proposer):
             frontier = []
             for j, i in enumerate(expand):
                 parent_feat[i] = out[j]
-                base = nodes[i][0]
-                for lp, tok in zip(logp[j].tolist(), toks[j].tolist()):
-                    nodes.append((base + lp, d + 1, tok, i))
-                    frontier.append(len(nodes) - 1)
+                grow(i, nodes[i][0], logp[j].tolist(), toks[j].tolist())
         return nodes
 
     @staticmethod
     def _rank(nodes) -> list[int]:
-        """The nodes' indices, best cumulative log-prob first (ties: the shallower first)."""
+        """The nodes' indices, best score first (ties: the shallower first)."""
         return sorted(range(len(nodes)), key=lambda i: (-nodes[i][0], nodes[i][1]))
 
     @staticmethod
-    def _tree(root: int, nodes, budget: int, ranked: list[int] | None = None) -> DraftTree:
-        """The `budget` best nodes by cumulative log-prob, closed under parents, ordered by depth (`ranked`: the
-        nodes' `_rank`, when already computed for another budget)."""
+    def _kept(nodes, budget: int, ranked: list[int] | None = None) -> list[int]:
+        """The `budget` best nodes by score, closed under parents, ordered by depth (`ranked`: the nodes'
+        `_rank`, when already computed)."""
         best = (ranked if ranked is not None else Eagle._rank(nodes))[:budget]
         keep = set(best)
         for i in best:  # ties can rank a child above its parent: bring parents along
@@ -234,7 +238,13 @@ class Eagle(Proposer):
             while p != ROOT and p not in keep:
                 keep.add(p)
                 p = nodes[p][3]
-        order = sorted(keep, key=lambda i: (nodes[i][1], i))
+        return sorted(keep, key=lambda i: (nodes[i][1], i))
+
+    @staticmethod
+    def _tree(root: int, nodes, budget: int, ranked: list[int] | None = None, order: list[int] | None = None
+              ) -> DraftTree:
+        """The DraftTree of the `budget` best nodes (`_kept`; `order`: already kept)."""
+        order = Eagle._kept(nodes, budget, ranked) if order is None else order
         index = {old: new for new, old in enumerate(order)}
         return DraftTree(root, [nodes[i][2] for i in order], [index.get(nodes[i][3], ROOT) for i in order])
 
@@ -242,25 +252,28 @@ class Eagle(Proposer):
         root = state.committed[-1]
         if not self.pending or max_depth < 1:  # step 1 (no features yet), or nothing more can be emitted
             return Proposal(DraftTree(root), features=True)
-        budget = self.budget.choose(len(state.committed))
-        if budget == 0:  # a plain step: no head forward, so no counterfactual either (the chooser probes later)
+        judge = self.budget.chooser  # a ConfidenceBudget under "auto", else None
+        if judge is None:
+            nodes = self._draft(state.committed, max_depth, self.budget.value)
+            return Proposal(self._tree(root, nodes, self.budget.value), info=self.budget.info(self.budget.value),
+                            features=True)
+        if not judge.drafting(len(state.committed)):  # drafting does not pay here: a plain step (probes later)
             return Proposal(DraftTree(root), info=self.budget.info(0), features=True)
-        most = max([budget, *self.budget.others])  # one ranked list answers every candidate
-        start, before = time.perf_counter(), self.head_forwards
-        nodes = self._draft(state.committed, max_depth, most)  # its .tolist() calls wait for a GPU's kernels
-        ranked = self._rank(nodes)  # one ranking answers every budget
-        carry = self.budget.carry(lambda b: self._tree(root, nodes, b, ranked))
-        tree = self._tree(root, nodes, budget, ranked)
-        if self.head_price is not None and max_depth >= self.depth:  # `most` is a rung of the ladder
-            # what drafting `most` really took (a step cut short by max_new_tokens would under-count it); with
-            # head_ms injected, or under sampling, its forwards at the head's price (no clock: a test's choices
-            # are the same every run, and a seed's draws do not follow the machine's speed, as the budgets')
-            clock = self.head_ms is None and state.request.sampling.greedy
-            took = (1e3 * (time.perf_counter() - start) if clock
-                    else self.head_price * (self.head_forwards - before))
-            self.spent[most] += DRAFT_MS_RATE * (took - self.spent[most])
-            self.budget.chooser.reprice(self.draft_ms)
-        return Proposal(tree, info=self.budget.info(budget), carry=carry, features=True)
+        start, before, catch_up = time.perf_counter(), self.head_forwards, len(self.pending)
+        nodes = self._draft(state.committed, max_depth, 0, judge)  # its .tolist() calls wait for a GPU's kernels
+        ranked = self._rank(nodes)
+        forwards = self.head_forwards - before
+        # the head's price learns from the clock under greedy decoding, on steps whose catch-up is a usual one
+        # (a step's root and accepted tokens, not the prompt or the rows of a run of plain steps)
+        if judge.learn_head and catch_up <= self.topk:
+            judge.record_draft(1e3 * (time.perf_counter() - start), forwards)
+        took = judge.head_ms * forwards  # the step's drafting, at the head's price (no clock: see the module doc)
+        size = judge.size([math.exp(nodes[i][0]) for i in ranked], took)
+        order = self._kept(nodes, size, ranked)
+        # the verdict teaches the calibration: each verified node's head probability, and the step's drafting ms
+        carry = dict(probs=[nodes[i][4] for i in order], draft_ms=took)
+        return Proposal(self._tree(root, nodes, size, order=order), info=self.budget.info(size), carry=carry,
+                        features=True)
 
     def observe(self, state: LoopState, verdict) -> None:
         rows = verdict.logits  # RowLogits: row 0 the root, row i + 1 node i
@@ -273,7 +286,4 @@ class Eagle(Proposer):
 
     def stats(self) -> dict:
         return dict(config=dict(budget=self.budget.value, topk=self.topk, depth=self.depth), **self.budget.stats(),
-                    **({"head_ms": round(self.head_price, 3),
-                        "draft_ms_est": {b: round(ms, 2) for b, ms in self.spent.items() if b}}
-                       if self.head_price is not None else {}),
                     head_forwards=self.head_forwards, head_rows=self.head_rows)
