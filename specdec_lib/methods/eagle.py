@@ -97,7 +97,7 @@ class Eagle(Proposer):
     target, eagle_head.head_for); costs, head_ms: the target's cost curve and one head forward's ms, read under
     "auto" (None: measured here)."""
 
-    def __init__(self, budget: int | str = "auto", topk: int = 8, depth: int = 6, head: EagleHead | None = None,
+    def __init__(self, budget: int | str = "auto", topk: int = 4, depth: int = 8, head: EagleHead | None = None,
                  costs=None, head_ms: float | None = None):
         self.budget = Budget("budget", budget, 1, costs=costs, head_ms=head_ms)
         if head_ms is not None and (isinstance(head_ms, bool) or not isinstance(head_ms, (int, float))
