@@ -27,11 +27,11 @@ def test_calibration_starts_at_the_heads_probability_and_learns_the_targets_verd
     b = budget()
     assert b.value(0.35) == pytest.approx(0.35) and b.value(0.95) == pytest.approx(0.95)  # bin middles
     for step in range(40):  # one node, q = 0.35, accepted 4 times in 5: the head is under-confident there
-        b.record([ROOT], [0.35], [0] if step % 5 else [], 2 if step % 5 else 1, 0.0)
+        b.record([ROOT], [0.35], [0] if step % 5 else [], 0.0)
     assert 0.75 < b.value(0.35) < 0.85 and b.value(0.95) == pytest.approx(0.95)  # other bins untouched
     # a node whose parent was rejected was never judged: it teaches nothing
     before = b.value(0.75)
-    b.record([ROOT, 0], [0.35, 0.75], [], 1, 0.0)
+    b.record([ROOT, 0], [0.35, 0.75], [], 0.0)
     assert b.value(0.75) == before
 
 
@@ -47,6 +47,7 @@ def test_the_size_is_the_ladder_rung_that_saves_the_most(curve, expected):
     rungs = [r for r in BUDGET_LADDER if r <= len(values)]
     saving = {r: sum(values[:r]) * b.t1 - (b.step_ms(r + 1) - b.t1) for r in rungs}
     assert size == expected == max(rungs, key=lambda r: (saving[r], -r))
+    assert b.expected == pytest.approx(saving[size])  # what the step is expected to save (no drafting ms given)
     assert b.gain == pytest.approx((1 + sum(values[:size])) * b.t1 / b.step_ms(size + 1))
 
 
@@ -61,17 +62,17 @@ def test_a_further_depth_is_drafted_only_where_it_pays_the_head_forward():
 def test_drafting_stops_where_it_loses_and_is_probed_again_within_the_trial_share():
     b = budget(head_ms=5.0, probe_every=16)
     plan = []
+    loss = 5.0 + b.step_ms(2) - b.t1  # nothing is ever accepted: each drafted step loses its head forward and a row
     for step in range(200):
         drafts = b.drafting(100)
         plan.append(drafts)
-        if drafts:  # nothing is ever accepted: each drafted step loses its head forward and a verify row
-            b.record([ROOT], [0.9], [], 1, 5.0)
+        if drafts:
+            b.record([ROOT], [0.9], [], -loss)
     assert all(plan[:K.WARMUP])  # an opening is judged on WARMUP drafted steps, never on one
     probes = [i for i, d in enumerate(plan) if d and i >= K.WARMUP]
     gaps = [later - earlier for earlier, later in zip(probes, probes[1:])]
     assert probes and min(gaps) > 16  # plain runs of probe_every steps or more, the loss within the share
-    lost = sum(plan) * (5.0 + b.step_ms(2) - b.t1)
-    assert lost <= K.TRIAL_SHARE * 200 * b.t1 + K.WARMUP * (5.0 + b.step_ms(2) - b.t1)
+    assert sum(plan) * loss <= K.TRIAL_SHARE * 200 * b.t1 + K.WARMUP * loss
     assert b.stats()["plain_steps"] == 200 - sum(plan)
 
 
@@ -79,12 +80,12 @@ def test_a_probe_that_pays_turns_drafting_back_on():
     b = budget(head_ms=1.0, probe_every=4)
     for _ in range(K.WARMUP):
         b.drafting(100)
-        b.record([ROOT], [0.9], [], 1, 1.0)
+        b.record([ROOT], [0.9], [], -1.0)
     assert b.saving < 0
     while not b.drafting(100):
         pass
-    for _ in range(3):  # the text turned easy: long accepted chains
-        b.record([ROOT, 0, 1, 2], [0.9] * 4, [0, 1, 2, 3], 5, 4.0)
+    for _ in range(3):  # the text turned easy: long chains, expected to save several plain steps
+        b.record([ROOT, 0, 1, 2], [0.9] * 4, [0, 1, 2, 3], 30.0)
     assert b.saving > 0 and all(b.drafting(100) for _ in range(10))
 
 

@@ -132,7 +132,7 @@ class Budget:
         elif isinstance(self.chooser, ConfidenceBudget):
             if "probs" in proposal.carry:  # a drafted step (a plain one drafted nothing to calibrate)
                 self.chooser.record(proposal.tree.parents, proposal.carry["probs"], verdict.accepted,
-                                    len(verdict.emitted), proposal.carry["draft_ms"])
+                                    proposal.carry["saving"])
         elif len(proposal.tree):
             self.chooser.record(len(proposal.tree), len(verdict.accepted))
         ms = verdict.verify_ms  # the loop's timing of this step (None: the prefill's)

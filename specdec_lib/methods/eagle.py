@@ -270,8 +270,9 @@ class Eagle(Proposer):
         took = judge.head_ms * forwards  # the step's drafting, at the head's price (no clock: see the module doc)
         size = judge.size([math.exp(nodes[i][0]) for i in ranked], took)
         order = self._kept(nodes, size, ranked)
-        # the verdict teaches the calibration: each verified node's head probability, and the step's drafting ms
-        carry = dict(probs=[nodes[i][4] for i in order], draft_ms=took)
+        # the verdict teaches the calibration (each verified node's head probability); the step's expected saving
+        # judges whether drafting pays
+        carry = dict(probs=[nodes[i][4] for i in order], saving=judge.expected)
         return Proposal(self._tree(root, nodes, size, order=order), info=self.budget.info(size), carry=carry,
                         features=True)
 
