@@ -39,12 +39,12 @@ from typing import Sequence
 
 from ..checks import check_int
 from .choosers import TRIAL_SHARE, MeasuredSteps, trial_wait
+from .draft_tree import ROOT
 
 BINS = 10  # q-bins of the calibration, each 1 / BINS wide
 PRIOR_WEIGHT = 2.0  # pseudo-counts per bin, at the head's own q, before any verdict
 RATE = 0.2  # how fast the running means (saving, g, head_ms) move: a memory of about five steps
 WARMUP = 8  # drafted steps before a plain one: one unlucky opening step must not stop the drafting
-ROOT = -1  # a node whose parent is the root (draft_tree.ROOT)
 
 
 class ConfidenceBudget:
