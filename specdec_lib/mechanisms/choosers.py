@@ -88,7 +88,25 @@ class MeasuredSteps:
         self.scale[rows] = old + COST_RATE * (ratio - old)
 
 
-class ChainBudget:
+class PricedSteps:
+    """What a chooser's steps cost: its curve at the current context (`self.curve`), times what the loop's steps of
+    that many rows took against it (`self.measured`, MeasuredSteps). ChainBudget, TreeBudget and
+    confidence.ConfidenceBudget price their candidates so, and Budget.record hands them the loop's timings."""
+
+    curve: Callable[[float], float]
+    measured: MeasuredSteps
+
+    def step_ms(self, rows: float) -> float:
+        """A verify step of `rows` rows: the curve, times what the loop's steps of that many rows took against it
+        (a factor of 1 until some are recorded)."""
+        return self.curve(rows) * self.measured.factor(rows)
+
+    def record_ms(self, rows: int, ms: float) -> None:
+        """One step of the loop with `rows` rows took `ms` (forward, verdict, commit): see MeasuredSteps."""
+        self.measured.record_ms(rows, ms, self.curve(rows))
+
+
+class ChainBudget(PricedSteps):
     """Chain length g from per-depth acceptance (see the module doc). draft_ms(g): the drafting time of g.
     plain: g = 0 (no draft) is a candidate; after `probe_every` plain steps in a row, one step drafts the best
     g >= 1 (a probe: a plain step teaches nothing about acceptance). A probe loses, by the estimates without
@@ -160,15 +178,6 @@ class ChainBudget:
         lost = self.draft_ms(g) + self.step_ms(g + 1) - self.expected_tokens()[g] * plain
         return trial_wait(self.probe_every, lost, plain, self.trial_share)
 
-    def step_ms(self, rows: int) -> float:
-        """A verify step of `rows` rows: the curve, times what the loop's steps of that many rows took against it
-        (MeasuredSteps)."""
-        return self.curve(rows) * self.measured.factor(rows)
-
-    def record_ms(self, rows: int, ms: float) -> None:
-        """One step of the loop with `rows` rows took `ms` (forward, verdict, commit): see MeasuredSteps."""
-        self.measured.record_ms(rows, ms, self.curve(rows))
-
     def record(self, drafted: int, accepted: int) -> None:
         """One verified chain: depths 1..accepted accepted, depth accepted + 1 reached and rejected (if drafted)."""
         drafted = min(drafted, self.max_len)
@@ -179,7 +188,7 @@ class ChainBudget:
         self.accepted[1:min(accepted, drafted) + 1] += 1
 
 
-class TreeBudget:
+class TreeBudget(PricedSteps):
     """A ladder of tree-size candidates with counterfactual yields (see the module doc).
 
     Each step the proposer regrows, besides the verified tree, the trees of the `window` next smaller and the
@@ -258,12 +267,8 @@ class TreeBudget:
         """ms of a step of `rows` full-context rows, corrected by what the loop's steps took (MeasuredSteps: a
         factor of 1 until some are recorded; Budget.record records none for a proposer with side or cheap rows),
         plus the cheap rows every step pays (see the class doc)."""
-        full = self.curve(rows) * self.measured.factor(rows)
+        full = super().step_ms(rows)
         return full + self.cheap(rows + self.cheap_rows) - self.cheap(rows) if self.cheap_rows else full
-
-    def record_ms(self, rows: int, ms: float) -> None:
-        """One step of the loop with `rows` rows took `ms` (forward, verdict, commit): see MeasuredSteps."""
-        self.measured.record_ms(rows, ms, self.curve(rows))
 
     def speeds(self) -> list[float]:
         """Estimated tokens per ms of each candidate."""

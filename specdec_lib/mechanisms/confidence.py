@@ -38,7 +38,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..checks import check_int
-from .choosers import TRIAL_SHARE, MeasuredSteps, trial_wait
+from .choosers import TRIAL_SHARE, MeasuredSteps, PricedSteps, trial_wait
 from .draft_tree import ROOT
 
 BINS = 10  # q-bins of the calibration, each 1 / BINS wide
@@ -47,7 +47,7 @@ RATE = 0.2  # how fast the running means (saving, g, head_ms) move: a memory of 
 WARMUP = 8  # drafted steps before a plain one: one unlucky opening step must not stop the drafting
 
 
-class ConfidenceBudget:
+class ConfidenceBudget(PricedSteps):
     """EAGLE's "auto" budget (see the module doc). `curve`: a CostCurve or ContextCosts; `ladder`: the sizes a
     step may verify (0 included); `head_ms`: one head forward's ms to start from; `learn_head`: whether the
     head's price moves to what drafting took (False under sampling or an injected price: no clock then)."""
@@ -75,17 +75,14 @@ class ConfidenceBudget:
         self.t1 = self.step_ms(1)
         self.row_ms = max(self.step_ms(17) - self.t1, 0.0) / 16  # the curve's mean slope over a small tree
 
-    def step_ms(self, rows: float) -> float:
-        """A loop step of `rows` rows: the curve, corrected by what the loop's steps took."""
-        return self.curve(rows) * self.measured.factor(rows)
-
-    def record_ms(self, rows: int, ms: float) -> None:
-        self.measured.record_ms(rows, ms, self.curve(rows))
-
     # -- calibration --------------------------------------------------------------------------------------
+    @staticmethod
+    def _bin(q: float) -> int:
+        return min(int(q * BINS), BINS - 1)
+
     def value(self, q: float) -> float:
         """Calibrated P(accepted | parent accepted) of a node the head gave probability q."""
-        k = min(int(q * BINS), BINS - 1)
+        k = self._bin(q)
         return self.hits[k] / self.seen[k]
 
     # -- the step's decisions -----------------------------------------------------------------------------
@@ -141,7 +138,7 @@ class ConfidenceBudget:
         hit = set(accepted)
         for i, (p, q) in enumerate(zip(parents, probs)):
             if p == ROOT or p in hit:  # reached: the target judged this node
-                k = min(int(q * BINS), BINS - 1)
+                k = self._bin(q)
                 self.seen[k] += 1.0
                 self.hits[k] += 1.0 if i in hit else 0.0
         self.saving = saved if self.saving is None else self.saving + RATE * (saved - self.saving)
