@@ -362,3 +362,23 @@ def test_auto_width_never_judges_drafting_by_the_prompts_prefill(models, monkeyp
     assert steps[0]["hit"] is not None  # the first step drafted (the warm-up is on) ...
     drafted = [s for s in steps[1:] if s["hit"] is not None]  # (a plain step's hit is None)
     assert len(records) == len(drafted) > 0  # ... and only the later drafted steps were judged
+
+
+def test_a_drafter_process_drafts_after_the_parent_ran_threads(models):
+    """libgomp is not fork-safe: a child forked after the parent's multi-threaded region deadlocks at its first
+    multi-threaded op (an H200 lease hung so, the parent at 16 threads). The child runs one thread: it drafts."""
+    _, draft, ids = models
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = torch.randn(512, 512)
+        (x @ x).sum()  # the parent's thread pool is up now
+        drafter = DrafterProcess(draft, 2, ids, 4, share_logits=False, wait_s=30.0)
+        try:
+            with drafter.query(lambda tree, since: tree.depth >= 2, grow_after=True) as (tree, _):
+                assert tree.depth >= 2  # two layers drafted by the child, not a TimeoutError after 30 s
+        finally:
+            drafter.close()
+    finally:
+        torch.set_num_threads(before)
+    assert drafter.layers >= 2

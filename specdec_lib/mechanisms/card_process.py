@@ -82,9 +82,12 @@ def _publish(conn, tree: CardTree, epoch: int, buffer, written: int, busy=None) 
     return written
 
 
-def _drafter_main(conn, draft, width, committed, draft_depth, buffer, threads, parent_pid) -> None:
+def _drafter_main(conn, draft, width, committed, draft_depth, buffer, parent_pid) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    torch.set_num_threads(threads)
+    # One intra-op thread, always: OpenMP (libgomp) is not fork-safe, and once the parent has run a parallel region
+    # (a float32 copy of a bf16 draft will do) a child's first multi-threaded op deadlocks. An H200 lease hung here
+    # with the parent's 16 threads; reproduced on a 2-core CPU. DataLoader workers take one thread for this reason.
+    torch.set_num_threads(1)
     try:
         with torch.inference_mode():
             tree, epoch, written = CardTree(draft, width, committed), 0, 0
@@ -125,13 +128,13 @@ def buffer_rows(width: int, draft_depth: int) -> int:
 
 class DrafterProcess:
     """The parent's handle on the drafter process, with card_drafter's interface: `query(ready, grow_after)`,
-    `correct(committed)`, `close()`, `layers`, `draft_busy`. threads: the child's intra-op threads;
+    `correct(committed)`, `close()`, `layers`, `draft_busy`. The child runs one intra-op thread (`_drafter_main`);
     parent_threads: the parent's while the child runs (None: left as they are)."""
 
     discarded = 0  # a layer in flight when a correction comes is kept and corrected, never discarded
 
     def __init__(self, draft, width: int, committed: list[int], draft_depth: int, share_logits: bool,
-                 threads: int = 1, wait_s: float = 120.0, parent_threads: int | None = None):
+                 wait_s: float = 120.0, parent_threads: int | None = None):
         device = next(draft.parameters()).device
         if device.type != "cpu":
             raise ValueError(f"card mode='process' runs the draft in a forked CPU process; the draft is on {device}"
@@ -148,7 +151,7 @@ class DrafterProcess:
         self.conn, child_conn = context.Pipe()
         self.process = context.Process(
             target=_drafter_main, name=PROCESS_NAME, daemon=True,
-            args=(child_conn, draft, width, list(committed), draft_depth, self.buffer, threads, os.getpid()))
+            args=(child_conn, draft, width, list(committed), draft_depth, self.buffer, os.getpid()))
         with warnings.catch_warnings():  # Python >= 3.12 warns about fork in a process with threads (Jupyter)
             warnings.simplefilter("ignore", DeprecationWarning)
             self.process.start()

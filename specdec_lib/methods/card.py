@@ -17,7 +17,8 @@ is the target's side:
   chain's last node, so a fully accepted chain's bonus can be a hit.
 - threads: beside a CPU target the drafter gets one intra-op thread, and the target one too in thread mode
   (torch.set_num_threads is process-global: set in start, restored when the drafter closes) or the rest in
-  process mode (at least one); a GPU target keeps the CPU threads it had, and a CPU drafter gets as many.
+  process mode (at least one); a GPU target keeps the CPU threads it had, and a CPU drafter thread gets as
+  many. A drafter process always runs one thread (a forked child's OpenMP deadlocks otherwise: card_process).
   `finish` closes the drafter on every exit: EOS, max_new_tokens, or an exception on either side.
 - `draft_device="cpu"` (thread or process mode): the paper's second GPU, on a machine with one GPU, as the CPU
   cores beside it: the drafter works on a float32 copy of the draft (`draft_on`, made once per draft model), and
@@ -157,7 +158,6 @@ class Card(Proposer):
         else:
             self.drafter = DrafterProcess(draft, self.width, committed, self.draft_depth,
                                           share_logits=not self.sampling.greedy, wait_s=WAIT_S,
-                                          threads=1 if cpu_target else threads,
                                           parent_threads=max(1, threads - 1) if cpu_target else None)
 
     def finish(self, state: LoopState) -> None:

@@ -110,8 +110,23 @@ def step_choices(out: Path, device, dtype, size) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _find_nbconvert_templates() -> None:
+    """`pip install --target DIR` puts nbconvert's templates in DIR/share/jupyter, where jupyter does not look:
+    every notebook then runs and only its HTML export fails (an H200 lease). Add that folder to JUPYTER_PATH."""
+    import os
+
+    import nbconvert
+
+    share = Path(nbconvert.__file__).resolve().parents[1] / "share" / "jupyter"
+    paths = [p for p in os.environ.get("JUPYTER_PATH", "").split(os.pathsep) if p]
+    if (share / "nbconvert" / "templates").is_dir() and str(share) not in paths:
+        os.environ["JUPYTER_PATH"] = os.pathsep.join(paths + [str(share)])
+
+
 def step_notebooks(out: Path, device, dtype, size) -> pd.DataFrame:
     from . import run_notebooks
+
+    _find_nbconvert_templates()
 
     runs = run_notebooks.run_all(out / "notebooks", smoke=size["smoke"], pattern=size["notebooks"],
                                  params={"MODELS": "tiny"}, log=lambda *a, **k: None)
@@ -324,6 +339,7 @@ def main(argv=None) -> int:
     parser.add_argument("--bench-runs", default=None, help="comma-separated numbers of BENCH_RUNS (default all)")
     parser.add_argument("--prompts", type=int, default=None, help="the bench's prompts (default: the size's)")
     parser.add_argument("--layout-lengths", type=int, nargs="+", default=None, help="flex_layout's context lengths")
+    parser.add_argument("--notebooks", default=None, help="the notebooks step's glob (default: the size's)")
     parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, from {list(STEPS)}")
     parser.add_argument("--threads", default="auto",
                         help="CPU threads of the steps after overhead: a number, or auto (the faster plain step)")
@@ -339,6 +355,8 @@ def main(argv=None) -> int:
         overrides["prompts"] = args.prompts
     if args.layout_lengths:
         overrides["layout_lengths"] = args.layout_lengths
+    if args.notebooks:
+        overrides["notebooks"] = args.notebooks
     summary = run_report(args.out, dry=args.dry, dtype=args.dtype, budget_s=args.budget_s, steps=steps,
                          size_name=args.size, overrides=overrides, threads_setting=args.threads)
     return 0 if all(s["status"] == "ok" for s in summary["steps"]) else 1
