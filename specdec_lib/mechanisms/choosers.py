@@ -19,7 +19,8 @@ Two estimators of E[tokens | b]:
   so
       E[tokens | g] = 1 + sum_{d=1..g} prod_{j<=d} a_j        (Leviathan's formula without the i.i.d. a);
   a verified chain of g shows exactly what any shorter chain would have yielded; deeper depths are explored
-  by optimism (a bonus on a_d shrinking as 1 / sqrt(times depth d was reached), UCB-like, no coin); the counts
+  by optimism (a bonus on a_d shrinking as 1 / sqrt(times depth d was reached), UCB-like, no coin), among the
+  depths whose speed by the counts is within EXPLORE_LOSS of the best one's; the counts
   forget (CHAIN_DECAY per verified step), so the estimate follows the text's regime; the bonus
   picks the depth only: whether to draft at all (against a plain step) is judged on the counts without it.
 - `TreeBudget` (a tree grown to a size budget: Cacheback's TDL, Lookahead's guesses, FAFO's find-out
@@ -50,6 +51,8 @@ CHAIN_DECAY = 0.95
 # proves itself; at 0.5 SmolLM2's early-exit draft (accepted ~0.1-0.3 on HumanEval) drafted 3-9 tokens a step
 # for its first ten steps and lost 4-7 % of a generation's time before the counts caught up
 CHAIN_PRIOR = 0.3
+# the most a chain's optimistic depth may lose against the depth the counts alone pick, per drafted step
+EXPLORE_LOSS = 0.1
 # the share of the time a budget's trials may lose (SideBudget's warm-up and probes, the choosers' probes)
 TRIAL_SHARE = 0.03
 # how fast a budget's per-row-count correction of the curve moves to what the loop's steps took (MeasuredSteps)
@@ -158,7 +161,10 @@ class ChainBudget(PricedSteps):
         # step wins ties, and probes (bounded by trial_share) keep testing that verdict
         speed = self.expected_tokens(optimistic=True)[:top + 1] / step_ms  # (top + 1,)
         sure = self.expected_tokens()[:top + 1] / step_ms
-        g = 1 + int(np.argmax(speed[1:]))
+        # exploring costs at most EXPLORE_LOSS of a drafted step by the counts: after one lucky opening (3 of 3
+        # accepted) the optimism alone chose 15 drafts on SmolLM2, a step of twice a plain one's time
+        allowed = sure[1:] >= (1.0 - EXPLORE_LOSS) * sure[1:].max()
+        g = 1 + int(np.argmax(np.where(allowed, speed[1:], -np.inf)))
         if self.plain and sure[0] >= sure[1:].max():
             self.plain_run += 1
             if self.plain_run < self.probe_wait(g):
