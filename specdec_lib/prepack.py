@@ -18,6 +18,13 @@ The packed copy is used only where it is valid, else `F.linear` runs as before:
 - the weight unchanged since it was packed (same storage, same version counter: an optimizer step, a load or
   `.to()` repacks).
 
+A kernel that prefers more rows: on this machine oneDNN runs SmolLM2's packed head ~28 % faster for 4 rows than for
+1 (3.0 against 4.1 ms; 2 rows: 4.7 ms), while its layers' weights cost the same for 1-8 rows. So each packed weight
+times itself once per process (1 row against PAD_ROWS, `_pad_pays`) and, where 4 rows win, pads fewer rows with
+zero rows: every one-row step's LM head (the loop's plain steps, autoregressive, HF's own generate on the same
+model) gets the faster kernel, and `rows_free()` tells RowLogits (verify.py) it may compute 4 rows for the price
+of one.
+
 Only wide models gain: `load_models(prepack="auto")` packs a model at least MIN_WIDTH wide (hidden size). Below
 that the matrices are small enough for F.linear's kernels to stay cache-resident, and oneDNN's per-call overhead
 wins: on this machine the tiny pair (width 256) decoded at about half the speed packed (hf, 128 new tokens, both
@@ -36,6 +43,27 @@ from . import compat
 
 
 MIN_WIDTH = 512  # prepack="auto" packs models at least this wide (hidden size): narrower ones lose (module doc)
+PAD_ROWS = 4  # a packed weight whose kernel runs 4 rows faster than 1 gets fewer rows padded to 4 (module doc)
+_PADS: dict[tuple, bool] = {}  # (in, out, threads) -> whether padding pays, timed once per shape in this process
+
+
+def _pad_pays(packed, linear, bias, in_features: int, out_features: int, repeats: int = 15) -> bool:
+    """Whether `linear` of PAD_ROWS rows takes under 0.95x its time for one row with this packed weight (medians
+    of `repeats` interleaved calls): measured per weight shape and thread count, once per process."""
+    import time
+
+    key = (in_features, out_features, bias is not None, torch.get_num_threads())
+    if key not in _PADS:
+        one, four = torch.randn(1, in_features), torch.randn(PAD_ROWS, in_features)
+        times = {1: [], PAD_ROWS: []}
+        for _ in range(repeats):
+            for rows, x in ((1, one), (PAD_ROWS, four)):
+                start = time.perf_counter()
+                linear(x, packed, bias)
+                times[rows].append(time.perf_counter() - start)
+        median = {rows: sorted(ts)[len(ts) // 2] for rows, ts in times.items()}
+        _PADS[key] = median[PAD_ROWS] < 0.95 * median[1]
+    return _PADS[key]
 
 
 class PackedLinear(nn.Linear):
@@ -53,12 +81,26 @@ class PackedLinear(nn.Linear):
         if self.__dict__.get("_packed_version") != version:
             self.__dict__["_packed"] = pack(self.weight)
             self.__dict__["_packed_version"] = version
-        return linear(x, self.__dict__["_packed"], self.bias)
+            self.__dict__["_pad"] = _pad_pays(self.__dict__["_packed"], linear, self.bias, self.in_features,
+                                                self.out_features)
+        rows = x.numel() // self.in_features
+        if rows >= PAD_ROWS or not self.__dict__["_pad"]:
+            return linear(x, self.__dict__["_packed"], self.bias)
+        # fewer rows than the kernel runs best: zero rows ride along (each output row reads its own input row only)
+        padded = x.new_zeros(PAD_ROWS, self.in_features)  # (4, in)
+        padded[:rows] = x.reshape(rows, self.in_features)
+        out = linear(padded, self.__dict__["_packed"], self.bias)[:rows]  # (rows, out)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def rows_free(self) -> int:
+        """How many rows one call costs no more than a single row (PAD_ROWS when fewer are padded, else 1):
+        RowLogits computes that many rows at a time."""
+        return PAD_ROWS if self.__dict__.get("_pad") else 1
 
     def __getstate__(self):
         # the packed tensor is opaque (no storage to copy or pickle): copies repack on their first forward
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
-        return {k: v for k, v in state.items() if k not in ("_packed", "_packed_version")}
+        return {k: v for k, v in state.items() if k not in ("_packed", "_packed_version", "_pad")}
 
 
 def available() -> bool:
@@ -83,6 +125,7 @@ def unpack(model: nn.Module) -> int:
         if type(module) is PackedLinear:
             module.__dict__.pop("_packed", None)
             module.__dict__.pop("_packed_version", None)
+            module.__dict__.pop("_pad", None)
             module.__class__ = nn.Linear
             count += 1
     return count

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from specdec_lib import generate
-from specdec_lib.eagle_head import EagleHead, head_for, load_head, save_head, target_fingerprint
+from specdec_lib import compat
+from specdec_lib.eagle_head import EagleHead, HeadKV, head_for, load_head, save_head, target_fingerprint
 from specdec_lib.methods.eagle import Eagle
 from specdec_lib.mechanisms.draft_tree import ROOT
 from specdec_lib.tools import train_eagle
@@ -40,6 +41,36 @@ def test_save_load_round_trip_and_another_target_refused(tmp_path):
         assert torch.allclose(again(x, x, pos), head(x, x, pos), atol=2e-3)  # float16 on disk
     with pytest.raises(ValueError, match="trained for another target"):
         load_head(tmp_path / "h", random_lm("llama", seed=4, layers=3))
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_the_written_out_decode_is_the_heads_forward(kind):
+    """EagleHead.decode (the decode-time path, its own KV buffers) against forward with a DynamicCache: a catch-up
+    of causal rows, then tree rows at shared positions with a mask, a crop and more rows; GQA (4 heads, 2 KV),
+    and qwen2's biased projections; the buffers grow past their first capacity."""
+    target = random_lm(kind, seed=3)
+    head = EagleHead.for_target(target).eval()
+    torch.manual_seed(0)
+    P, d = 9, target.config.hidden_size
+    feats, embeds = torch.randn(P + 3, d, dtype=torch.float64), torch.randn(P + 3, d, dtype=torch.float64)
+    cache, kv = compat.new_dynamic_cache(head.config), HeadKV(head, capacity=4)
+    with torch.no_grad():
+        causal = torch.ones(P, P, dtype=torch.bool).tril()
+        want = head(feats[None, :P], embeds[None, :P], torch.arange(P)[None], causal[None, None], cache)[0]
+        got = head.decode(feats[:P], embeds[:P], list(range(P)), causal, kv)
+        assert kv.get_seq_length() == P and torch.allclose(got, want, atol=1e-12)
+        sees = torch.zeros(3, P + 3, dtype=torch.bool)  # two siblings at P, a child of the first at P + 1
+        sees[:, :P] = True
+        sees[0, P] = sees[1, P + 1] = sees[2, P] = sees[2, P + 2] = True
+        pos = [P, P, P + 1]
+        for _ in range(2):  # the second time after cutting the tree rows back: the same rows again
+            want = head(feats[None, P:], embeds[None, P:], torch.tensor([pos]), sees[None, None], cache)[0]
+            got = head.decode(feats[P:], embeds[P:], pos, sees, kv)
+            assert torch.allclose(got, want, atol=1e-12)
+            compat.crop(cache, P)
+            kv.crop(P)
+    with pytest.raises(ValueError, match="cannot crop"):
+        kv.crop(P + 1)
 
 
 def test_bad_settings_are_refused():

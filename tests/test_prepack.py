@@ -32,6 +32,30 @@ def test_same_outputs_as_f_linear(rows):
     assert "_packed" in layer.__dict__  # the packed path ran
 
 
+def test_padded_rows_give_the_same_outputs_and_rowlogits_reads_four_at_a_time(monkeypatch):
+    """Where 4 rows run faster than 1 (_pad_pays, forced here), fewer rows are zero-padded to 4: the same outputs
+    for 1-3 rows and a 1-D input, rows_free() says 4, and RowLogits computes a read row with the next 3."""
+    from specdec_lib.mechanisms.verify import RowLogits
+
+    monkeypatch.setattr(prepack, "_pad_pays", lambda *args, **kwargs: True)
+    layer, plain = packed_layer(seed=1)
+    with torch.no_grad():
+        for x in (torch.randn(48), torch.randn(1, 48), torch.randn(1, 2, 48), torch.randn(3, 48)):
+            got, want = layer(x), plain(x)
+            assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+        assert layer.rows_free() == prepack.PAD_ROWS
+        hidden = torch.randn(6, 48)
+        rows = RowLogits(hidden, layer)
+        assert torch.allclose(rows[1], plain(hidden[1]), atol=1e-5)
+        assert sorted(rows._rows) == [1, 2, 3, 4]  # the read row and the next three, in one call
+        assert torch.allclose(rows[5], plain(hidden[5]), atol=1e-5) and sorted(rows._rows) == [1, 2, 3, 4, 5]
+    monkeypatch.setattr(prepack, "_pad_pays", lambda *args, **kwargs: False)
+    unpadded, _ = packed_layer(seed=2)
+    with torch.no_grad():
+        unpadded(torch.randn(2, 48))
+    assert unpadded.rows_free() == 1
+
+
 def test_training_reads_the_live_weight_and_a_step_repacks():
     layer, plain = packed_layer(bias=False)
     x = torch.randn(3, 48)

@@ -36,7 +36,7 @@ import numpy as np
 from ..models import cache_root
 
 # in the cache key: curves timed another way (plain forwards, or kept monotone) are re-measured
-CURVE_KIND = "loop verify + commit, medians as measured"
+CURVE_KIND = "loop verify + commit, medians as measured, packed rows padded"
 MEASURE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 PREFIXES = (256, 1024, 4096, 8192, 16384, 32768, 65536)  # cached prefixes ContextCosts times (to the context reached)
 CONTEXT_STEP = 64  # ContextCosts.at memoises one curve per this many tokens of context (at the bucket's top)

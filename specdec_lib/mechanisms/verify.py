@@ -150,7 +150,11 @@ class RowLogits:
 
     def __getitem__(self, row: int) -> torch.Tensor:
         if row not in self._rows:
-            self._rows[row] = self.head(self.hidden[row])  # (V,)
+            # a packed head that pads rows (prepack.py) computes the next rows the walk may read at no extra cost
+            free = self.head.rows_free() if hasattr(self.head, "rows_free") else 1
+            rows = [r for r in range(row, self.shape[0]) if r not in self._rows][:free]
+            for r, logits in zip(rows, self.head(self.hidden[rows])):  # (len(rows), V)
+                self._rows[r] = logits
         return self._rows[row]
 
     def full(self) -> torch.Tensor:

@@ -18,7 +18,7 @@ c_T at position T (committed, not yet in the target's cache), the head's cache h
    DraftTree the loop verifies, in ONE target forward with the tree mask (verify.py).
 4. observe: the verify forward's rows hold the target's final hidden state of the root and of every accepted
    node (verify.RowLogits.hidden): they are the next step's catch-up features, so no extra target pass is paid.
-   The head's cache drops this step's tree rows (compat.crop) and keeps the exact ones.
+   The head's cache drops this step's tree rows (a length cut: HeadKV.crop) and keeps the exact ones.
 
 Step 1 has no features yet: it is a plain step whose forward keeps the prompt's hidden states (Proposal.features).
 
@@ -47,9 +47,8 @@ import time
 
 import torch
 
-from .. import compat
 from ..checks import check_int
-from ..eagle_head import EagleHead, head_for
+from ..eagle_head import EagleHead, HeadKV, head_for
 from ..loop import LoopState, Proposal, Proposer, register_proposer
 from ..mechanisms.budget import Budget
 from ..mechanisms.confidence import ConfidenceBudget
@@ -67,23 +66,22 @@ def head_forward_ms(head: EagleHead, target, prefix: int = 64, repeats: int = 7)
         device = next(target.parameters()).device
         d, dtype = head.config.hidden_size, target.get_input_embeddings().weight.dtype
         embed = target.get_input_embeddings()
-        cache = compat.new_dynamic_cache(head.config)
+        kv = HeadKV(head)
         times = []
         with torch.inference_mode():
-            ids = torch.zeros(1, prefix + 1, dtype=torch.long, device=device)
-            feats = torch.zeros(1, prefix + 1, d, dtype=dtype, device=device)  # (1, P + 1, d)
-            pos = torch.arange(prefix + 1, device=device)[None]  # (1, P + 1)
-            causal = torch.ones(prefix, prefix, dtype=torch.bool, device=device).tril()[None, None]
-            head(feats[:, :prefix], embed(ids[:, :prefix]), pos[:, :prefix], causal, cache)
-            one = torch.ones(1, 1, 1, prefix + 1, dtype=torch.bool, device=device)  # (1, 1, 1, P + 1)
+            ids = torch.zeros(prefix + 1, dtype=torch.long, device=device)
+            feats = torch.zeros(prefix + 1, d, dtype=dtype, device=device)  # (P + 1, d)
+            causal = torch.ones(prefix, prefix, dtype=torch.bool, device=device).tril()  # (P, P)
+            head.decode(feats[:prefix], embed(ids[:prefix]), list(range(prefix)), causal, kv)
+            one = torch.ones(1, prefix + 1, dtype=torch.bool, device=device)  # (1, P + 1)
             for _ in range(repeats):
                 start = time.perf_counter()
-                out = head(feats[:, prefix:], embed(ids[:, prefix:]), pos[:, prefix:], one, cache)
-                head.logits(target, out[0])[0].float().log_softmax(-1).topk(8)
+                out = head.decode(feats[prefix:], embed(ids[prefix:]), [prefix], one, kv)
+                head.logits(target, out)[0].float().topk(8)
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 times.append(1e3 * (time.perf_counter() - start))
-                compat.crop(cache, prefix)
+                kv.crop(prefix)
         _HEAD_MS[key] = float(sorted(times)[len(times) // 2])
     return _HEAD_MS[key]
 
@@ -120,7 +118,7 @@ class Eagle(Proposer):
         self.embed = req.target.get_input_embeddings()
         self.device = next(req.target.parameters()).device
         # the head's cache; rows 0..exact-1 hold true features
-        self.cache, self.exact = compat.new_dynamic_cache(head.config), 0
+        self.cache, self.exact = HeadKV(head, 2 * len(state.committed) + 64), 0
         self.pending: list[torch.Tensor] = []  # features (d,) of positions exact.. not yet fed to the head
         if self.budget.auto:  # the head's confidence decides depth and size (the module doc)
             ms = self.head_ms if self.head_ms is not None else head_forward_ms(head, req.target)
@@ -133,15 +131,13 @@ class Eagle(Proposer):
         """One head forward: rows (feats (R, d), tokens) at `positions`; every row sees the committed rows
         (0..exact-1), and the rows after them (this step's earlier tree rows, then the new ones) where sees[i]
         (R, cached - exact + R); returns the predicted features (R, d)."""
-        R, cached = len(tokens), int(self.cache.get_seq_length())
-        mask = torch.zeros(R, cached + R, dtype=torch.bool, device=self.device)  # (R, K)
-        mask[:, :self.exact] = True
+        R = len(tokens)
+        mask = torch.ones(R, self.cache.length + R, dtype=torch.bool, device=self.device)  # (R, K)
         mask[:, self.exact:] = sees
-        ids = torch.tensor([tokens], device=self.device)  # (1, R)
-        pos = torch.tensor([positions], device=self.device)  # (1, R)
-        out = self.h(feats[None].to(self.embed.weight.dtype), self.embed(ids), pos, mask[None, None], self.cache)
+        ids = torch.tensor(tokens, device=self.device)  # (R,)
+        out = self.h.decode(feats.to(self.embed.weight.dtype), self.embed(ids), positions, mask, self.cache)
         self.head_forwards, self.head_rows = self.head_forwards + 1, self.head_rows + R
-        return out[0]  # (R, d)
+        return out  # (R, d)
 
     def _children(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(log-probs (R, topk), tokens (R, topk)) of the best children of each row's predicted feature."""
@@ -157,8 +153,7 @@ class Eagle(Proposer):
         the log of the node's value (its calibrated chance to be accepted). Without a judge only what can enter
         the best `keep` is expanded; with one, what it finds worth a head forward."""
         T = len(committed) - 1  # the root's position
-        if self.cache.get_seq_length() > self.exact:  # last step's tree rows
-            compat.crop(self.cache, self.exact)
+        self.cache.crop(self.exact)  # drop last step's tree rows
         n = len(self.pending)  # catch up: positions exact .. T-1, features known, next tokens committed
         if self.exact + n != T:
             raise AssertionError(f"the head knows features up to {self.exact + n}, the root sits at {T}")
