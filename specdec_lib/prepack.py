@@ -30,8 +30,9 @@ that the matrices are small enough for F.linear's kernels to stay cache-resident
 wins: on this machine the tiny pair (width 256) decoded at about half the speed packed (hf, 128 new tokens, both
 kernels timed side by side), while SmolLM2 (576) gains (its one-row step ~22 % faster, 8 rows ~24 %).
 
-Simplifications: float32 only (oneDNN's bf16 path needs AVX512-BF16, which this machine lacks); the packed
-copy doubles the weights' memory (the original is kept: state dicts, training and float64 checks read it).
+Simplifications: float32 only (bf16 kernels need AVX512-BF16, which only some CPUs have: the pairs decode in
+float32 on a CPU); the packed copy doubles the weights' memory (the original is kept: state dicts, training and
+float64 checks read it); the padding decision is one timing per shape (1 row against 4), not a curve.
 """
 from __future__ import annotations
 

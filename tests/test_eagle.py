@@ -73,6 +73,17 @@ def test_the_written_out_decode_is_the_heads_forward(kind):
         kv.crop(P + 1)
 
 
+def test_a_layer_decode_does_not_run_is_refused():
+    """Qwen3's per-head q/k norms are not in the written-out decode: a clear error, not silently other drafts."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    target = Qwen3ForCausalLM(Qwen3Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, head_dim=8)).eval()
+    with pytest.raises(ValueError, match="Llama-style decoder layers; Qwen3DecoderLayer has q_norm, k_norm"):
+        EagleHead.for_target(target).check_decodable()
+    EagleHead.for_target(random_lm("llama")).check_decodable()  # the layers decode runs pass
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError):
         Eagle(topk=0)

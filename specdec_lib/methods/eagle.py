@@ -64,8 +64,8 @@ def head_forward_ms(head: EagleHead, target, prefix: int = 64, repeats: int = 7)
     key = (id(head), id(target))
     if key not in _HEAD_MS:
         device = next(target.parameters()).device
-        d, dtype = head.config.hidden_size, target.get_input_embeddings().weight.dtype
-        embed = target.get_input_embeddings()
+        d, dtype = head.config.hidden_size, head.fc.weight.dtype  # the head's dtype (it may run below the target's)
+        embed = lambda ids: target.get_input_embeddings()(ids).to(dtype)  # noqa: E731
         kv = HeadKV(head)
         times = []
         with torch.inference_mode():
@@ -114,6 +114,7 @@ class Eagle(Proposer):
         if head.config.hidden_size != req.target.config.hidden_size:
             raise ValueError(f"the head's width {head.config.hidden_size} is not the target's "
                              f"{req.target.config.hidden_size}")
+        head.check_decodable()
         self.h = head
         self.embed = req.target.get_input_embeddings()
         self.device = next(req.target.parameters()).device
@@ -135,7 +136,8 @@ class Eagle(Proposer):
         mask = torch.ones(R, self.cache.length + R, dtype=torch.bool, device=self.device)  # (R, K)
         mask[:, self.exact:] = sees
         ids = torch.tensor(tokens, device=self.device)  # (R,)
-        out = self.h.decode(feats.to(self.embed.weight.dtype), self.embed(ids), positions, mask, self.cache)
+        dtype = self.h.fc.weight.dtype  # the head's own (it may run below the target's: head_dtype)
+        out = self.h.decode(feats.to(dtype), self.embed(ids).to(dtype), positions, mask, self.cache)
         self.head_forwards, self.head_rows = self.head_forwards + 1, self.head_rows + R
         return out  # (R, d)
 
