@@ -304,10 +304,13 @@ def build_smol_card(threads: int | None = None) -> str:
 @torch.inference_mode()
 def build_eagle_card(folder: Path, models: str) -> str:
     """The card of an EAGLE head (eagle_head.py) from its eagle.json, with its cost measured here."""
-    from ..eagle_head import load_head
+    from ..eagle_head import HeadKV, load_head
 
     pair = load_models(models, device="cpu", dtype=torch.float32)
     head = load_head(folder, pair.target)
+    from ..prepack import is_prepacked, prepack
+    if is_prepacked(pair.target):
+        prepack(head)  # as head_for gives it to the method
     meta = json.loads((folder / "eagle.json").read_text())
     m, d, t = meta["measured"], meta["data"], meta["training"]
     target_ms = forward_cost(pair.target, rows=(1,), prefix=256, repeats=20, warmup=3)["median_ms"].iloc[0]
@@ -316,16 +319,16 @@ def build_eagle_card(folder: Path, models: str) -> str:
     costs = {}
     for rows in (1, 8):
         times = []
-        for _ in range(20):  # one catch-up of 256 rows, then a forward of `rows` rows with the target's head
-            from transformers import DynamicCache
-
-            cache = DynamicCache()
-            head(torch.zeros(1, 256, dim), embed(cache_ids), torch.arange(256)[None], None, cache)
-            ids = cache_ids[:, :rows]
+        for _ in range(20):  # one catch-up of 256 rows, then a forward of `rows` rows with the target's head,
+            # through the decode-time path the method runs (EagleHead.decode over a HeadKV)
+            kv = HeadKV(head)
+            head.decode(torch.zeros(256, dim), embed(cache_ids[0]), list(range(256)),
+                        torch.ones(256, 256, dtype=torch.bool).tril(), kv)
+            ids = cache_ids[0, :rows]
             start = time.perf_counter()
-            out = head(torch.zeros(1, rows, dim), embed(ids), torch.arange(256, 256 + rows)[None],
-                       torch.ones(1, 1, rows, 256 + rows, dtype=torch.bool), cache)
-            head.logits(pair.target, out[0])[0].topk(8, dim=-1)
+            out = head.decode(torch.zeros(rows, dim), embed(ids), list(range(256, 256 + rows)),
+                              torch.ones(rows, 256 + rows, dtype=torch.bool), kv)
+            head.logits(pair.target, out)[0].topk(8, dim=-1)
             times.append((time.perf_counter() - start) * 1e3)
         costs[rows] = sorted(times)[len(times) // 2]
     params = sum(p.numel() for p in head.parameters())
