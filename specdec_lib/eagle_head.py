@@ -28,8 +28,9 @@ shipped head trained for a target (data/models/*/eagle.json whose target fingerp
 target object; `attach_head` gives a target one trained here (train_eagle.quick_head).
 
 Simplifications: Llama-family targets (a decoder layer called with position embeddings, as in transformers
-5.x; `decode` reads Llama's module names: q/k/v/o_proj, gate/up/down_proj, the two RMSNorms); the feature is the target's final *normed* hidden state (what the loop's verify forward keeps: verify.RowLogits),
-where EAGLE-1 reads the last layer's output before the norm; batch size 1 at decode time.
+5.x; `decode` reads Llama's module names: q/k/v/o_proj, gate/up/down_proj, the two RMSNorms); the feature is the
+target's final *normed* hidden state (what the loop's verify forward keeps: verify.RowLogits), where EAGLE-1 reads
+the last layer's output before the norm; batch size 1 at decode time.
 """
 from __future__ import annotations
 
@@ -185,9 +186,6 @@ class HeadKV:
         self.v = torch.zeros_like(self.k)
         self.cos = self.sin = torch.zeros(0, hd, device=param.device, dtype=param.dtype)  # (positions, hd)
 
-    def get_seq_length(self) -> int:
-        return self.length
-
     def crop(self, length: int) -> None:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot crop a head cache of {self.length} rows to {length}")
@@ -196,12 +194,10 @@ class HeadKV:
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (nkv, R, hd) after the first `length` rows; the cache's rows up to them (views)."""
         end = self.length + k.shape[1]
-        if end > self.k.shape[1]:
-            size = max(end, 2 * self.k.shape[1])
-            grown = self.k.new_zeros(self.k.shape[0], size, self.k.shape[2]), self.v.new_zeros(
-                self.k.shape[0], size, self.k.shape[2])
-            grown[0][:, :self.length], grown[1][:, :self.length] = self.k[:, :self.length], self.v[:, :self.length]
-            self.k, self.v = grown
+        if end > self.k.shape[1]:  # grow: keep the first `length` rows, double the room
+            more = max(end, 2 * self.k.shape[1]) - self.length
+            self.k, self.v = (torch.cat([b[:, :self.length], b.new_zeros(b.shape[0], more, b.shape[2])], dim=1)
+                              for b in (self.k, self.v))
         self.k[:, self.length:end], self.v[:, self.length:end] = k, v
         self.length = end
         return self.k[:, :end], self.v[:, :end]
@@ -236,7 +232,8 @@ def save_head(head: EagleHead, out, target, extra: dict | None = None) -> Path:
 
 
 def load_head(folder, target) -> EagleHead:
-    """The head saved in `folder`, for `target` (refused when it was trained for another target)."""
+    """The head saved in `folder`, for `target` (refused when it was trained for another target), on its device
+    and dtype, its linears packed where the target's are."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
@@ -250,7 +247,11 @@ def load_head(folder, target) -> EagleHead:
     if unexpected or [k for k in missing if not k.startswith("rotary.")]:
         raise ValueError(f"{folder}: head weights do not match (missing {missing}, unexpected {unexpected})")
     param = next(target.parameters())
-    return head.to(device=param.device, dtype=param.dtype).eval()
+    head = head.to(device=param.device, dtype=param.dtype).eval()
+    from .prepack import is_prepacked, prepack
+    if is_prepacked(target):
+        prepack(head)  # the head reads its weights as the target does (prepack.py)
+    return head
 
 
 _LOADED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -275,9 +276,6 @@ def head_for(target, search=None) -> EagleHead:
         if json.loads(meta_file.read_text()).get("target") == mine:
             with torch.inference_mode(False):  # generate runs in inference mode: load ordinary tensors
                 head = _LOADED[target] = load_head(meta_file.parent, target)
-            from .prepack import is_prepacked, prepack
-            if is_prepacked(target):
-                prepack(head)  # the head reads its weights as the target does (prepack.py)
             return head
     raise ValueError(f"no EAGLE head was trained for this target (fingerprint {mine}; looked in "
                      f"{[str(f.parent) for f in folders] or str(search or TINY_DIR)}): train one with "

@@ -45,7 +45,7 @@ from . import compat
 
 MIN_WIDTH = 512  # prepack="auto" packs models at least this wide (hidden size): narrower ones lose (module doc)
 PAD_ROWS = 4  # a packed weight whose kernel runs 4 rows faster than 1 gets fewer rows padded to 4 (module doc)
-_PADS: dict[tuple, bool] = {}  # (in, out, threads) -> whether padding pays, timed once per shape in this process
+_PADS: dict[tuple, bool] = {}  # (in, out, bias, threads) -> whether padding pays, timed once per process
 
 
 def _pad_pays(packed, linear, bias, in_features: int, out_features: int, repeats: int = 15) -> bool:

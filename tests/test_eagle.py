@@ -58,7 +58,7 @@ def test_the_written_out_decode_is_the_heads_forward(kind):
         causal = torch.ones(P, P, dtype=torch.bool).tril()
         want = head(feats[None, :P], embeds[None, :P], torch.arange(P)[None], causal[None, None], cache)[0]
         got = head.decode(feats[:P], embeds[:P], list(range(P)), causal, kv)
-        assert kv.get_seq_length() == P and torch.allclose(got, want, atol=1e-12)
+        assert kv.length == P and torch.allclose(got, want, atol=1e-12)
         sees = torch.zeros(3, P + 3, dtype=torch.bool)  # two siblings at P, a child of the first at P + 1
         sees[:, :P] = True
         sees[0, P] = sees[1, P + 1] = sees[2, P] = sees[2, P + 2] = True

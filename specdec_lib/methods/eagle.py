@@ -55,29 +55,29 @@ from ..mechanisms.confidence import ConfidenceBudget
 from ..mechanisms.draft_tree import ROOT, DraftTree
 
 BUDGET_LADDER = (0, 1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # budget="auto" picks among these
-_HEAD_MS: dict[tuple, float] = {}  # one head forward's ms, timed once per (head, target) in this process
+_HEAD_MS: dict[tuple, float] = {}  # one head forward's ms, timed once per (head, target, setting) here
 
 
-def head_forward_ms(head: EagleHead, target, prefix: int = 64, repeats: int = 7) -> float:
-    """Median ms of one 1-row head forward after `prefix` cached rows, with the target's LM head over its
-    prediction (what each drafted depth costs); timed once per (head, target) in this process."""
-    key = (id(head), id(target))
+def head_forward_ms(head: EagleHead, target, prefix: int = 64, repeats: int = 7, rows: int = 1) -> float:
+    """Median ms of one head forward of `rows` rows after `prefix` cached rows, with the target's LM head over its
+    predictions (what each drafted depth costs); timed once per (head, target, setting) in this process."""
+    key = (id(head), id(target), prefix, repeats, rows)
     if key not in _HEAD_MS:
         device = next(target.parameters()).device
-        d, dtype = head.config.hidden_size, head.fc.weight.dtype  # the head's dtype (it may run below the target's)
+        d, dtype = head.config.hidden_size, head.fc.weight.dtype  # the head's dtype (a head may run below the target's)
         embed = lambda ids: target.get_input_embeddings()(ids).to(dtype)  # noqa: E731
         kv = HeadKV(head)
         times = []
         with torch.inference_mode():
-            ids = torch.zeros(prefix + 1, dtype=torch.long, device=device)
-            feats = torch.zeros(prefix + 1, d, dtype=dtype, device=device)  # (P + 1, d)
+            ids = torch.zeros(prefix + rows, dtype=torch.long, device=device)
+            feats = torch.zeros(prefix + rows, d, dtype=dtype, device=device)  # (P + R, d)
             causal = torch.ones(prefix, prefix, dtype=torch.bool, device=device).tril()  # (P, P)
             head.decode(feats[:prefix], embed(ids[:prefix]), list(range(prefix)), causal, kv)
-            one = torch.ones(1, prefix + 1, dtype=torch.bool, device=device)  # (1, P + 1)
+            sees = torch.ones(rows, prefix + rows, dtype=torch.bool, device=device)  # (R, P + R)
             for _ in range(repeats):
                 start = time.perf_counter()
-                out = head.decode(feats[prefix:], embed(ids[prefix:]), [prefix], one, kv)
-                head.logits(target, out)[0].float().topk(8)
+                out = head.decode(feats[prefix:], embed(ids[prefix:]), list(range(prefix, prefix + rows)), sees, kv)
+                head.logits(target, out)[0].float().topk(8, dim=-1)
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 times.append(1e3 * (time.perf_counter() - start))
@@ -136,7 +136,7 @@ class Eagle(Proposer):
         mask = torch.ones(R, self.cache.length + R, dtype=torch.bool, device=self.device)  # (R, K)
         mask[:, self.exact:] = sees
         ids = torch.tensor(tokens, device=self.device)  # (R,)
-        dtype = self.h.fc.weight.dtype  # the head's own (it may run below the target's: head_dtype)
+        dtype = self.h.fc.weight.dtype  # the head's own (a head given in bfloat16 may run below the target)
         out = self.h.decode(feats.to(dtype), self.embed(ids).to(dtype), positions, mask, self.cache)
         self.head_forwards, self.head_rows = self.head_forwards + 1, self.head_rows + R
         return out  # (R, d)

@@ -14,7 +14,6 @@ import argparse
 import json
 import platform
 from pathlib import Path
-import time
 
 import torch
 
@@ -304,33 +303,16 @@ def build_smol_card(threads: int | None = None) -> str:
 @torch.inference_mode()
 def build_eagle_card(folder: Path, models: str) -> str:
     """The card of an EAGLE head (eagle_head.py) from its eagle.json, with its cost measured here."""
-    from ..eagle_head import HeadKV, load_head
+    from ..eagle_head import load_head
+    from ..methods.eagle import head_forward_ms
 
     pair = load_models(models, device="cpu", dtype=torch.float32)
-    head = load_head(folder, pair.target)
-    from ..prepack import is_prepacked, prepack
-    if is_prepacked(pair.target):
-        prepack(head)  # as head_for gives it to the method
+    head = load_head(folder, pair.target)  # packed where the target is, as head_for gives it to the method
     meta = json.loads((folder / "eagle.json").read_text())
     m, d, t = meta["measured"], meta["data"], meta["training"]
     target_ms = forward_cost(pair.target, rows=(1,), prefix=256, repeats=20, warmup=3)["median_ms"].iloc[0]
-    embed, dim = pair.target.get_input_embeddings(), pair.target.config.hidden_size
-    cache_ids = torch.randint(0, embed.num_embeddings, (1, 256))
-    costs = {}
-    for rows in (1, 8):
-        times = []
-        for _ in range(20):  # one catch-up of 256 rows, then a forward of `rows` rows with the target's head,
-            # through the decode-time path the method runs (EagleHead.decode over a HeadKV)
-            kv = HeadKV(head)
-            head.decode(torch.zeros(256, dim), embed(cache_ids[0]), list(range(256)),
-                        torch.ones(256, 256, dtype=torch.bool).tril(), kv)
-            ids = cache_ids[0, :rows]
-            start = time.perf_counter()
-            out = head.decode(torch.zeros(rows, dim), embed(ids), list(range(256, 256 + rows)),
-                              torch.ones(rows, 256 + rows, dtype=torch.bool), kv)
-            head.logits(pair.target, out)[0].topk(8, dim=-1)
-            times.append((time.perf_counter() - start) * 1e3)
-        costs[rows] = sorted(times)[len(times) // 2]
+    # the decode-time path the method runs (EagleHead.decode over a HeadKV), after a 256-row catch-up
+    costs = {rows: head_forward_ms(head, pair.target, prefix=256, repeats=20, rows=rows) for rows in (1, 8)}
     params = sum(p.numel() for p in head.parameters())
     target_params = sum(p.numel() for p in pair.target.parameters())
     chain = ", ".join("not reached" if a is None else f"{a:.2f}" for a in m["chain_acceptance"])
