@@ -28,8 +28,8 @@ The folders are the architecture, in reading order:
   (measuring);
 - viz/: figures and explorers by subject (tables, trees, masks, caches, acceptance, costs, layout, fumble,
   bench, compare, timeline);
-- tools/: frozen_tables, train_tiny, distill_draft, train_smol_draft, train_eagle, model_card, make_prompts, run_notebooks, notebook, gpu_report,
-  offline_views, colab (tooling).
+- tools/: frozen_tables, train_tiny, distill_draft, train_smol_draft (+ chat_requests), train_eagle, model_card,
+  make_prompts, run_notebooks, notebook, gpu_report, offline_views, colab (tooling).
 """
 from . import compat
 from .models import ModelPair, check_same_vocab, load_models

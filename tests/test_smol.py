@@ -121,3 +121,4 @@ def test_shipped_smol_draft_has_its_card():
     measured = meta["measured"]
     assert 0 < measured["cost_ratio"] < 0.5 and 0.3 < measured["agreement"] <= 1
     assert len(meta["candidates"]) >= 2  # chosen by measurement among several
+    assert meta["data"]["kinds"] == ["code", "humaneval", "editing"]  # trained on answers to every kind of request

@@ -208,6 +208,9 @@ def build_smol_card(threads: int | None = None) -> str:
     sample = pair.decode(generate("autoregressive", pair.target, pair.encode_prompt(prompt, "humaneval"), 48).new_tokens)
     answers = {suite: answer_agreement(pair, suite) for suite in ("code", "editing", "humaneval")}
     m, d = meta["measured"], meta["data"]
+    kinds = d.get("kinds", ["code"])  # the first shipped draft's requests asked only to continue a file
+    asked = ", ".join({"code": "continue a file", "humaneval": "complete a documented function",
+                       "editing": "write the code after an edit"}[k] for k in kinds)
     params = sum(p.numel() for p in pair.target.parameters())
     trained = sum(p.numel() for layer in pair.draft.model.layers[meta["frozen"]:] for p in layer.parameters())
     lines = [
@@ -258,7 +261,8 @@ def build_smol_card(threads: int | None = None) -> str:
         "outside them is never drafted, and verification stays exact).",
         f"- Trained by `make smol-draft` (`tools/train_smol_draft.py`) on this CPU: {d['train_tokens']:,} tokens "
         f"in {d['train_blocks']} blocks of up to {d['block']}: standard-library training files and the target's own "
-        f"greedy answers to {d['requests']} chat requests cut from them (never HumanEval); loss smooth-L1 to the "
+        f"greedy answers to {d['requests']} chat requests cut from them ({asked}; never HumanEval, never the "
+        f"suites' files); loss smooth-L1 to the "
         f"target's final normed hidden state + {meta['training']['ce_weight']} x soft cross-entropy to its "
         f"distribution over the kept tokens; each candidate {m['minutes'] - meta['final_minutes']:g} min, the "
         f"chosen one {m['minutes']:g} min in all.",
@@ -266,10 +270,11 @@ def build_smol_card(threads: int | None = None) -> str:
         f"{d['heldout_tokens']:,} held-out tokens, corpus files and answers): **{m['agreement']:.3f}** "
         f"(untrained: {m['agreement_untrained']:.3f}).",
         "- Agreement on the target's own greedy answers to the benchmark's chat requests (64 tokens, first 4 prompts "
-        "of each suite, teacher-forced): " + ", ".join(f"{k} **{v:.3f}**" for k, v in answers.items()) + ". Below "
-        "the held-out figure where the answers leave the training data's kind of text (prose around the code, "
-        "edits, HumanEval's docstring-led functions): the chat requests it was trained on ask only to continue a "
-        "file.",
+        "of each suite, teacher-forced): " + ", ".join(f"{k} **{v:.3f}**" for k, v in answers.items()) + ". "
+        + (f"Below the held-out figure where the answers leave the training data's kind of text (prose around the "
+           "code, edits, HumanEval's docstring-led functions): the chat requests it was trained on ask only to "
+           "continue a file." if kinds == ["code"] else
+           "(The held-out figure counts corpus files and answers to requests of every kind cut from held-out files.)"),
         f"- Cost ratio on this CPU (one draft forward / one target forward, 1 row after 256 tokens): "
         f"**{draft_ms / curves[256][1]:.3f}** now ({draft_ms:.1f} ms against {curves[256][1]:.1f} ms; "
         f"{m['cost_ratio']:.3f} when it was chosen).",

@@ -5,7 +5,8 @@
 1. data, never HumanEval: blocks of 256 tokens from the standard-library corpus's training split (held out: the
    held-out files), and the target's own greedy text, what the head meets at decode time (every accepted token is
    the target's choice): continuations of 64-token openings cut from corpus files, or for a chat model its
-   answers to "continue this file" requests (train_smol_draft.own_answers, shared with its exit draft);
+   answers to chat requests of the benchmark's kinds (train_smol_draft.own_answers, tools/chat_requests.py,
+   shared with its exit draft);
 2. the target's final normed hidden state at every position (float16), computed once and cached under
    $SPECDEC_CACHE/eagle: the features the head reads and the ones it learns to predict;
 3. for a large vocabulary (> 16k tokens), the kept tokens: the `--keep` the target predicts most often (FR-Spec);
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 
 from ..eagle_head import EagleHead, save_head, target_fingerprint
 from ..models import cache_root, load_models
+from .chat_requests import KINDS
 
 BLOCK = 256
 
@@ -225,7 +227,9 @@ def main(argv=None):
     ap.add_argument("--out", default="data/models/eagle-tiny")
     ap.add_argument("--minutes", type=float, default=4.0)
     ap.add_argument("--corpus-tokens", type=int, default=300_000, help="chat models: as their exit draft's (60k)")
-    ap.add_argument("--requests", type=int, default=128, help="chat requests the target answers (chat models)")
+    ap.add_argument("--requests", type=int, default=480, help="chat requests the target answers (chat models)")
+    ap.add_argument("--kinds", default=",".join(KINDS),
+                    help="kinds of chat request (tools/chat_requests.py), comma separated (chat models)")
     ap.add_argument("--continuations", type=int, default=512,
                     help="the target's own continuations of corpus openings (other models)")
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -243,7 +247,8 @@ def main(argv=None):
     if pair.chat:  # a chat model: the corpus and its own answers, shared with its exit draft's trainer
         from .train_smol_draft import chat_data
 
-        splits = chat_data(pair, args.corpus_tokens, args.requests, args.new_tokens, args.seed)["splits"]
+        splits = chat_data(pair, args.corpus_tokens, args.requests, args.new_tokens, args.seed,
+                           tuple(args.kinds.split(",")))["splits"]
         train_data, held = splits["train"], splits["heldout"]
     else:
         train_data = build_data(pair, "train", args.corpus_tokens, args.continuations, args.seed)
@@ -268,6 +273,7 @@ def main(argv=None):
                                                 chain_acceptance=[None if math.isnan(a) else round(a, 4)
                                                                   for a in chain]),  # None: depth never reached
                  data=dict(block=BLOCK, corpus_tokens=args.corpus_tokens, requests=args.requests if pair.chat else 0,
+                           kinds=args.kinds.split(",") if pair.chat else [],
                            continuations=0 if pair.chat else args.continuations,
                            train_tokens=int(train_data["mask"].sum()), heldout_tokens=int(held["mask"].sum())),
                  training=dict(minutes=args.minutes, steps=history[-1]["step"] if history else 0, lr=args.lr,
