@@ -1,4 +1,5 @@
-"""The distillation requests of SmolLM2's drafts (`tools/chat_requests.py`), cut from real standard-library files."""
+"""The distillation requests of SmolLM2's drafts (`tools/chat_requests.py`), cut from real Python files (two of
+this package's own modules, standing in for the standard-library corpus)."""
 from __future__ import annotations
 
 import ast

@@ -61,19 +61,13 @@ def function_request(text: str, rng: random.Random) -> str | None:
 
 def edit_request(text: str, rng: random.Random, tok) -> str | None:
     """A function, then a rewritten copy of it cut part-way: the editing suite's prompt, from this file."""
-    from .make_prompts import EDITS, _functions
+    from .make_prompts import EDITS, _functions, edit_prompt
 
     functions = list(_functions("", text.splitlines(keepends=True), tok))
     if not functions:
         return None
     _, snippet, node = rng.choice(functions)
-    edit = rng.choice(EDITS)
-    changed = edit(snippet, node, rng)
-    if changed is None or changed[0] == snippet:
-        return None
-    new_lines = changed[0].splitlines(keepends=True)
-    keep = max(2, round(len(new_lines) * rng.uniform(0.3, 0.6)))
-    return f"# Before:\n{snippet}\n# After ({changed[1]}):\n{''.join(new_lines[:keep])}"
+    return edit_prompt(snippet, node, rng.choice(EDITS), rng)
 
 
 def chat_requests(texts: list[str], n: int, seed: int, tok, kinds=KINDS) -> list[tuple[str, str]]:
@@ -85,7 +79,7 @@ def chat_requests(texts: list[str], n: int, seed: int, tok, kinds=KINDS) -> list
     if unknown:
         raise ValueError(f"unknown request kinds {sorted(unknown)}: choose among {list(makers)}")
     out = []
-    for i in range(50 * n):
+    for _ in range(50 * n):
         if len(out) >= n:
             break
         kind = kinds[len(out) % len(kinds)]

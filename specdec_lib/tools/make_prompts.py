@@ -151,6 +151,18 @@ def _hints(text: str, node, rng):
 EDITS = [_rename, _indent2, _quotes, _hints]
 
 
+def edit_prompt(text: str, node, edit, rng) -> str | None:
+    """The function `text`, then its copy rewritten by `edit` cut part-way (30-60 % of its lines, at least 2);
+    None where the edit does not apply or changes nothing."""
+    changed = edit(text, node, rng)
+    if changed is None or changed[0] == text:
+        return None
+    new_text, what = changed
+    new_lines = new_text.splitlines(keepends=True)
+    keep = max(2, round(len(new_lines) * rng.uniform(0.3, 0.6)))
+    return f"# Before:\n{text}\n# After ({what}):\n{''.join(new_lines[:keep])}"
+
+
 def editing_prompts(tok, n: int = N_PROMPTS, seed: int = SEED) -> list[dict]:
     rng = random.Random(seed)
     candidates = [(rel, line, text, node) for rel, lines in _heldout_sources()
@@ -164,14 +176,8 @@ def editing_prompts(tok, n: int = N_PROMPTS, seed: int = SEED) -> list[dict]:
         if used_files.get(rel, 0) >= 2:  # spread the suite over many files
             continue
         edit = EDITS[len(rows) % len(EDITS)]
-        changed = edit(text, node, rng)
-        if changed is None or changed[0] == text:
-            continue
-        new_text, what = changed
-        new_lines = new_text.splitlines(keepends=True)
-        keep = max(2, round(len(new_lines) * rng.uniform(0.3, 0.6)))
-        prompt = f"# Before:\n{text}\n# After ({what}):\n{''.join(new_lines[:keep])}"
-        if len(tok(prompt)["input_ids"]) > EDIT_PROMPT_TOKENS:
+        prompt = edit_prompt(text, node, edit, rng)
+        if prompt is None or len(tok(prompt)["input_ids"]) > EDIT_PROMPT_TOKENS:
             continue
         used_files[rel] = used_files.get(rel, 0) + 1
         rows.append({"id": f"editing-{len(rows):02d}", "suite": "editing", "prompt": prompt,
