@@ -63,9 +63,9 @@ models: $(STAMP)
 	$(BIN)/python -m specdec_lib.tools.model_card --models data/models
 
 # SmolLM2-135M-Instruct's draft (data/models/smol-draft): exit drafts trained and measured on this machine, the
-# best kept (about 80 min on 2 CPU cores: 25 min for the target's answers to 560 chat requests, 15 min for three
-# candidates, 35 for the winner; data, features and candidates cached under $SPECDEC_CACHE/smol-draft, the data
-# shared with `make smol-eagle`).
+# best kept (about 105 min on 2 CPU cores: 50 min for the target's answers to 1,120 chat requests, 960 + 160 held
+# out, 15 min for three candidates, 35 for the winner; data, features and candidates cached under
+# $SPECDEC_CACHE/smol-draft; `make smol-eagle` reads the data of the first 480 requests, which this extends).
 smol-draft: $(STAMP)
 	$(BIN)/python -m specdec_lib.tools.train_smol_draft --out data/models/smol-draft
 
@@ -75,7 +75,7 @@ eagle: $(STAMP)
 	$(BIN)/python -m specdec_lib.tools.train_eagle --models tiny --out data/models/eagle-tiny --corpus-tokens 150000 --minutes 6
 
 smol-eagle: $(STAMP)
-	$(BIN)/python -m specdec_lib.tools.train_eagle --models smol --out data/models/smol-eagle --corpus-tokens 60000 --minutes 12
+	$(BIN)/python -m specdec_lib.tools.train_eagle --models smol --out data/models/smol-eagle --corpus-tokens 60000 --requests 480 --minutes 12
 
 BENCH_METHODS ?= hf,autoregressive,hf_prompt_lookup,hf_assisted,prompt_lookup,draft_model,cacheback,cacheback@tdl=96+crt=16,cacheback@tdl=16+crt=4,lookahead,fafo,card,card@mode=process,eagle
 bench: $(STAMP)
@@ -88,7 +88,7 @@ bench-readme: $(STAMP)
 
 # The real pair's table in the README (SmolLM2-135M-Instruct and its draft, offline): HumanEval and editing, 96 new
 # tokens, every method interleaved per prompt; data/results/bench_<suite>_cpu_smol.*, then the README block "smol".
-SMOL_METHODS ?= hf,autoregressive,hf_prompt_lookup,hf_assisted,prompt_lookup,draft_model,draft_model@gamma=auto,cacheback,lookahead,fafo,card,card@mode=thread,card@mode=process,eagle
+SMOL_METHODS ?= hf,autoregressive,hf_prompt_lookup,hf_assisted,prompt_lookup,draft_model,cacheback,lookahead,fafo,card,card@mode=thread,card@mode=process,eagle
 bench-smol: $(STAMP)
 	for suite in humaneval editing; do $(BIN)/python -m specdec_lib.bench --models smol --suite $$suite --methods $(SMOL_METHODS) --max-new-tokens 96 --limit 6 --repeats 1 --no-progress --out data/results --tag cpu_smol || exit 1; done
 	$(BIN)/python -m specdec_lib.bench.compare --readme README.md humaneval editing --tag cpu_smol --block smol

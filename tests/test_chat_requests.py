@@ -33,6 +33,8 @@ def test_requests_take_the_kinds_in_turn_and_are_seeded(texts, tok):
     assert [k for k, _ in rows] == list(KINDS) * 3
     assert rows == chat_requests(texts, 9, seed=1, tok=tok)
     assert rows != chat_requests(texts, 9, seed=2, tok=tok)
+    # a bigger run draws the smaller one's requests first: distillation data extends without answering them again
+    assert chat_requests(texts, 15, seed=1, tok=tok)[:9] == rows
     for kind, prompt in rows:
         if kind == "code":  # consecutive lines of one of the files
             assert any(prompt in t for t in texts) and prompt.count("\n") >= 19

@@ -172,19 +172,27 @@ def heldout_metrics(model, tokenizer, tokens: int = 8192, block: int = 1024) -> 
 
 
 @torch.inference_mode()
-def answer_agreement(pair, suite: str, prompts: int = 4, new_tokens: int = 64) -> float:
-    """Top-1 agreement of the draft with the target on the target's own greedy answers to a suite's first prompts
-    (teacher-forced: the draft reads the answer so far): the text a decode actually drafts."""
+def answer_agreement(pair, suite: str, prompts: int = 4, new_tokens: int = 64, head=None) -> float:
+    """Top-1 agreement of the draft (or of an EAGLE `head`) with the target on the target's own greedy answers to a
+    suite's first prompts (teacher-forced: the draft reads the answer so far, the head the target's features of
+    it): the text a decode actually drafts."""
     from ..bench import load_suite
+    from .train_eagle import _inputs
 
     hits = total = 0
     for row in load_suite(suite, limit=prompts):
         ids = pair.encode_prompt(row)
         out = generate("autoregressive", pair.target, ids, new_tokens).new_tokens
         full = torch.cat([ids, torch.tensor([out], device=ids.device)], 1)  # (1, P + n)
-        answer = slice(ids.shape[1] - 1, full.shape[1] - 1)  # the rows that predict the answer's tokens
-        t = pair.target(full).logits[0, answer].argmax(-1)
-        d = pair.draft(full).logits[0, answer].argmax(-1)
+        answer = slice(ids.shape[1] - 1, full.shape[1] - 1)  # the target's rows that predict the answer's tokens
+        feats = pair.target.model(full).last_hidden_state  # (1, P + n, d), after the final norm
+        t = pair.target.get_output_embeddings()(feats[0, answer]).argmax(-1)
+        if head is None:
+            d = pair.draft(full).logits[0, answer].argmax(-1)
+        else:  # head row r reads (f_r, x_{r+1}) and predicts f_{r+1}: the rows one before the target's
+            pred, _, _ = _inputs(head, pair.target, full, torch.ones_like(full, dtype=torch.bool), feats)
+            logits, keep = head.logits(pair.target, pred[0, answer.start - 1:answer.stop - 1])
+            d = keep[logits.argmax(-1)] if keep is not None else logits.argmax(-1)
         hits, total = hits + int((t == d).sum()), total + len(t)
     return hits / total
 
@@ -280,12 +288,14 @@ def build_smol_card(threads: int | None = None) -> str:
         f"{m['cost_ratio']:.3f} when it was chosen).",
         f"- Chosen by measurement among these candidates ({meta['chosen_by']}):",
         "",
-        "| frozen layers | trained layers | agreement untrained | agreement trained | cost ratio | model speedup (gamma) |",
-        "|---|---|---|---|---|---|",
+        "| frozen layers | trained layers | data (requests) | agreement untrained | agreement trained | cost ratio | "
+        "model speedup (gamma) |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for c in meta["candidates"]:
-        lines.append(f"| {c['frozen']} | {c['trained']} | {c['agreement_untrained']:.3f} | {c['agreement']:.3f} | "
-                     f"{c['cost_ratio']:.3f} | {c['model_speedup']:.2f} ({c['model_gamma']}) |")
+    for c in meta["candidates"]:  # agreement on the held-out split of the candidate's own data
+        lines.append(f"| {c['frozen']} | {c['trained']} | {c.get('requests', d['requests'])} | "
+                     f"{c['agreement_untrained']:.3f} | {c['agreement']:.3f} | {c['cost_ratio']:.3f} | "
+                     f"{c['model_speedup']:.2f} ({c['model_gamma']}) |")
     lines += [
         "",
         "The model speedup is the chain model of notebook 00, (1 - a^(g+1)) / ((1 - a)(g c + 1)), at the best g: "
@@ -321,6 +331,7 @@ def build_eagle_card(folder: Path, models: str) -> str:
     params = sum(p.numel() for p in head.parameters())
     target_params = sum(p.numel() for p in pair.target.parameters())
     chain = ", ".join("not reached" if a is None else f"{a:.2f}" for a in m["chain_acceptance"])
+    answers = {suite: answer_agreement(pair, suite, head=head) for suite in ("code", "editing", "humaneval")}
     kept = (f"the target's output rows of the **{meta['keep']:,}** tokens it predicts most often (FR-Spec: a token "
             "outside them is never drafted; verification stays exact)" if meta["keep"] else
             "the target's own LM head over the whole vocabulary")
@@ -345,6 +356,9 @@ def build_eagle_card(folder: Path, models: str) -> str:
         f"**{m['agreement']:.3f}** (untrained: {m['agreement_untrained']:.3f}).",
         f"- Acceptance of a greedy chain the head drafts free-running on held-out text, depth 1..{len(m['chain_acceptance'])}"
         f" (P(depth d accepted | d - 1 accepted)): {chain}.",
+        "- Agreement on the target's own greedy answers to the benchmark's prompts (64 tokens, first 4 prompts of "
+        "each suite, teacher-forced, as the exit draft's card measures it): "
+        + ", ".join(f"{k} **{v:.3f}**" for k, v in answers.items()) + ".",
         f"- Cost on this CPU after a 256-token context: one head forward of 1 row with its read-out "
         f"**{costs[1]:.2f} ms**, of 8 rows {costs[8]:.2f} ms, against {target_ms:.1f} ms for one target forward of "
         f"1 row ({costs[1] / target_ms:.3f} of it).",

@@ -2,7 +2,8 @@
 
     python -m specdec_lib.tools.train_smol_draft --out data/models/smol-draft --minutes 6
 
-What it does, each step cached under $SPECDEC_CACHE/smol-draft so a rerun resumes:
+What it does, each step cached under $SPECDEC_CACHE/smol-draft so a rerun resumes (and a run asking more requests
+than a cached one answers only the new ones):
 1. data, never HumanEval (a test suite): blocks of 256 tokens from the standard-library corpus's training split
    (the tiny pair's corpus, under SmolLM2's tokenizer), and the model's own greedy answers to chat requests of
    the benchmark's three kinds cut from training files (`chat_requests`: continue a file, complete a documented
@@ -67,16 +68,17 @@ def corpus_blocks(tokenizer, split: str, tokens: int, seed: int) -> list[list[in
 
 
 def own_answers(pair, split: str, requests: int, new_tokens: int, seed: int, batch: int = 32,
-                kinds=("code",)) -> list[list[int]]:
+                kinds=("code",), start: int = 0) -> list[list[int]]:
     """The target's greedy answers to chat requests of the benchmark's kinds (`chat_requests`: continue a file,
     complete a documented function, write the code after an edit) cut from the split's files, as whole
-    sequences (request + answer)."""
+    sequences (request + answer); requests[start:] only (the draws are seeded in order: the first `start` are
+    those a smaller run answered)."""
     from ..corpus import load_corpus
     from .chat_requests import chat_requests
 
     texts = list(load_corpus(cache_root() / "corpus")[split]["text"])
     tok = pair.tokenizer
-    prompts = [pair.chat_text(prompt, kind) for kind, prompt in chat_requests(texts, requests, seed, tok, kinds)]
+    prompts = [pair.chat_text(prompt, kind) for kind, prompt in chat_requests(texts, requests, seed, tok, kinds)[start:]]
     prompts.sort(key=len)  # batches of like lengths: less left padding to compute
     tok.padding_side = "left"
     out = []
@@ -193,26 +195,51 @@ def data_name(corpus_tokens: int, requests: int, new_tokens: int, seed: int, kin
     return f"data_c{corpus_tokens}_r{requests}_n{new_tokens}_s{seed}{tag}.pt"
 
 
+def _smaller_data(work: Path, corpus_tokens: int, requests: int, new_tokens: int, seed: int, kinds):
+    """(requests, file) of the cached data of these settings with the most requests below `requests`, or None."""
+    found = [(r, work / data_name(corpus_tokens, r, new_tokens, seed, kinds)) for r in range(1, requests)]
+    found = [(r, f) for r, f in found if f.is_file()]
+    return max(found) if found else None
+
+
+def _concat(old: dict, ids, mask, feats) -> dict:
+    """The old split's rows then the new ones, padded to the longer of the two block lengths."""
+    T = max(old["ids"].shape[1], ids.shape[1])
+
+    def pad(t):
+        return F.pad(t, (0, 0, 0, T - t.shape[1])) if t.dim() == 3 else F.pad(t, (0, T - t.shape[1]))
+    return dict(ids=torch.cat([pad(old["ids"]), pad(ids)]), mask=torch.cat([pad(old["mask"]), pad(mask)]),
+                feats=torch.cat([pad(old["feats"]), pad(feats)]), corpus_blocks=old["corpus_blocks"])
+
+
 def chat_data(pair, corpus_tokens: int, requests: int, new_tokens: int, seed: int, kinds=("code",)) -> dict:
     """{"splits": {"train"|"heldout": {"ids", "mask", "feats", "corpus_blocks"}}, "seconds"}: steps 1-2 of the
-    module doc for a chat pair, cached under $SPECDEC_CACHE/smol-draft (the EAGLE head's trainer reads it too)."""
+    module doc for a chat pair, cached under $SPECDEC_CACHE/smol-draft (the EAGLE head's trainer reads it too).
+    A cached run of the same settings with fewer requests is extended: only the new requests are answered (the
+    held-out split grows with it, requests // 6)."""
     work = cache_root() / "smol-draft"
     work.mkdir(parents=True, exist_ok=True)
     data_file = work / data_name(corpus_tokens, requests, new_tokens, seed, kinds)
     if data_file.is_file():
         return torch.load(data_file)
     t0 = time.time()
-    print("1. data: the corpus and the target's own answers", flush=True)
+    base = _smaller_data(work, corpus_tokens, requests, new_tokens, seed, kinds)
+    old = torch.load(base[1]) if base else None
+    print(f"1. data: the target's answers to requests {base[0]}+ ({base[1].name} holds the rest)" if base
+          else "1. data: the corpus and the target's own answers", flush=True)
     splits = {}
     for split, tokens, n_requests, split_seed in (("train", corpus_tokens, requests, seed),
                                                   ("heldout", corpus_tokens // 6, requests // 6, seed + 1)):
-        blocks = corpus_blocks(pair.tokenizer, split, tokens, split_seed)
-        answers = own_answers(pair, split, n_requests, new_tokens, split_seed, kinds=kinds)
+        start = (base[0] if split == "train" else base[0] // 6) if base else 0
+        blocks = [] if base else corpus_blocks(pair.tokenizer, split, tokens, split_seed)
+        n_corpus = len(blocks)
+        answers = own_answers(pair, split, n_requests, new_tokens, split_seed, kinds=kinds, start=start)
         blocks += [b for a in answers for b in _blocks(a)]
         print(f"2. target features ({split}: {len(blocks)} blocks)", flush=True)
         ids, mask, feats = target_features(pair.target, blocks)
-        splits[split] = dict(ids=ids, mask=mask, feats=feats, corpus_blocks=len(blocks) - len(answers))
-    data = dict(splits=splits, seconds=time.time() - t0)
+        splits[split] = (_concat(old["splits"][split], ids, mask, feats) if base
+                         else dict(ids=ids, mask=mask, feats=feats, corpus_blocks=n_corpus))
+    data = dict(splits=splits, seconds=time.time() - t0 + (old["seconds"] if base else 0.0))
     torch.save(data, data_file)
     return data
 
@@ -229,7 +256,7 @@ def main(argv=None):
                     help="frozen+trained layer counts, comma separated")
     ap.add_argument("--keep", type=int, default=8192, help="kept vocabulary size K")
     ap.add_argument("--corpus-tokens", type=int, default=60_000)
-    ap.add_argument("--requests", type=int, default=480, help="chat requests the target answers (training)")
+    ap.add_argument("--requests", type=int, default=960, help="chat requests the target answers (training)")
     ap.add_argument("--kinds", default=",".join(KINDS), help="kinds of request (tools/chat_requests.py), comma separated")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -272,7 +299,8 @@ def main(argv=None):
             before = agreement(draft, held_next, held["ids"], held["mask"])
             history = train(draft, (train_data["ids"], train_data["mask"], train_data["feats"]), args.minutes,
                             args.lr, args.ce_weight, args.batch, args.seed)
-            row = dict(frozen=frozen, trained=trained, keep=args.keep, agreement_untrained=round(before, 4),
+            row = dict(frozen=frozen, trained=trained, keep=args.keep, requests=args.requests,
+                       agreement_untrained=round(before, 4),
                        agreement=round(agreement(draft, held_next, held["ids"], held["mask"]), 4),
                        steps=history[-1]["step"] if history else 0, minutes=args.minutes)
             torch.save((draft.state_dict(), row), saved)
