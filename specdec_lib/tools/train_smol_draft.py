@@ -78,7 +78,8 @@ def own_answers(pair, split: str, requests: int, new_tokens: int, seed: int, bat
 
     texts = list(load_corpus(cache_root() / "corpus")[split]["text"])
     tok = pair.tokenizer
-    prompts = [pair.chat_text(prompt, kind) for kind, prompt in chat_requests(texts, requests, seed, tok, kinds)[start:]]
+    asked = chat_requests(texts, requests, seed, tok, kinds)[start:]
+    prompts = [pair.chat_text(prompt, kind) for kind, prompt in asked]
     prompts.sort(key=len)  # batches of like lengths: less left padding to compute
     tok.padding_side = "left"
     out = []
