@@ -293,3 +293,78 @@ def test_exact_distribution_and_chi_square_helpers(peaked_pair):
     top = max(exact, key=exact.get)
     skewed[top] = int(skewed[top] * 1.3)
     assert not chi_square_test(exact, skewed).passed
+
+
+# ---------------------------------------------------------------- the draft's tree (topk > 1)
+
+def _check_tree(result, n, depth):
+    """_check_contract for a tree: a drafted step runs one draft forward per depth it drafted, at least as many as
+    its kept tree's depth, at most `depth`."""
+    assert len(result.new_tokens) == n and sum(result.accept_lengths) == n
+    steps = result.stats["steps"]
+    assert result.target_forwards == len(result.accept_lengths) == len(steps)
+    assert all(s["emitted"] <= s["accepted"] + 1 and s["tree_size"] <= s["draft_size"] for s in steps)
+    drafted = [s for s in steps if s["tree_size"]]
+    assert sum(s["depth"] for s in drafted) <= result.stats["draft_forwards"] <= depth * len(steps)
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_tree_greedy_parity_random_float64(pairs, kind):
+    """A tree of the draft's top-k children (fixed sizes, fixed depths, and "auto" with draft forwards priced at a
+    tenth of the target's) verifies to HF's greedy tokens with every draft; the draft's cache keeps the committed
+    text only between steps (debug=True checks it after each)."""
+    target, drafts = pairs[kind, 0]
+    ids = _random_prompt(20, 0)
+    reference = generate("hf", target, ids, 40).new_tokens
+    auto = dict(gamma="auto", costs={1: 1.0, 128: 1.05}, draft_costs={1: 0.1, 128: 0.2})
+    for settings in (dict(topk=2, gamma=3), dict(topk=4, gamma=12), dict(topk=3, gamma=6, depth=2),
+                     dict(topk=4, **auto)):
+        for name, draft in drafts.items():
+            result = generate("draft_model", target, ids, 40, draft=draft, debug=True, **settings)
+            assert result.new_tokens == reference, (settings, name)
+            _check_tree(result, 40, settings.get("depth", 8))
+            steps = result.stats["steps"][1:]
+            assert all(s["tree_size"] <= settings["gamma"] for s in steps if settings["gamma"] != "auto")
+            assert all(s["depth"] <= settings.get("depth", 8) for s in steps)
+            if name == "same":  # the draft's argmax child scores above every other node: it is kept, and accepted
+                assert all(s["accepted"] >= 1 for s in steps if s["tree_size"])
+
+
+def test_tree_greedy_parity_shipped_pair_float64(tiny_pair64, tiny_pair):
+    target, draft, _ = tiny_pair64
+    for text in SHIPPED_PROMPTS:
+        ids = tiny_pair.encode(text)
+        reference = generate("hf", target, ids, 48).new_tokens
+        chain = generate("draft_model", target, ids, 48, draft=draft, gamma=4, debug=True)
+        tree = generate("draft_model", target, ids, 48, draft=draft, gamma=12, topk=4, depth=4, debug=True)
+        assert tree.new_tokens == reference == chain.new_tokens, text
+        # a real tree: some step verifies a node with a sibling
+        assert any(s["tree_size"] > s["depth"] for s in tree.stats["steps"])
+
+
+def test_tree_sampling_matches_the_target_distribution():
+    """Under sampling the tree is the draft's deterministic top-k, verified by the tree walk: the emitted
+    continuations follow the target's exact distribution (chi-square; the contract's check, the same peaked pair)."""
+    from specdec_lib.bench.lossless import lossless_check
+    from helpers import with_head
+    target = with_head(random_lm("llama", vocab=8, layers=1, hidden=16, seed=3, logit_scale=20.0))
+    draft = random_lm("qwen2", vocab=8, layers=1, hidden=16, seed=2, logit_scale=20.0)
+    base = [1, 2, 3]
+    ids = torch.tensor([base + generate("autoregressive", target, base, 12).new_tokens])
+    for sampling in (dict(temperature=0.7), dict(temperature=1.3, top_k=3)):
+        report = lossless_check("draft_model", target, ids, length=3, n_samples=1500, draft=draft, topk=3, gamma=4,
+                                **sampling)
+        assert report.passed, str(report)
+    accepted = sum(generate("draft_model", target, ids, 3, draft=draft, temperature=1.0, seed=s, topk=3, gamma=4
+                            ).stats["accepted"] for s in range(100))
+    assert accepted > 15  # the check above tested accepted drafts (27 in 100 runs here), not plain steps
+
+
+def test_bad_tree_settings(pairs):
+    target, drafts = pairs["llama", 0]
+    bad = [(dict(topk=0), ValueError, "topk must be an int >= 1"),
+           (dict(depth=3), ValueError, "depth is read only for a tree"),
+           (dict(topk=4, depth=0), ValueError, "depth must be an int >= 1"),
+           (dict(topk=2, gamma=4, adaptive=True), ValueError, "adaptive=True is HF's schedule for a chain")]
+    for settings, error, message in bad:
+        with pytest.raises(error, match=message):
+            generate("draft_model", target, [1, 2, 3], 4, draft=drafts["noisy"], **settings)

@@ -9,7 +9,6 @@ from specdec_lib import generate
 from specdec_lib import compat
 from specdec_lib.eagle_head import EagleHead, HeadKV, head_for, load_head, save_head, target_fingerprint
 from specdec_lib.methods.eagle import Eagle
-from specdec_lib.mechanisms.draft_tree import ROOT
 from specdec_lib.tools import train_eagle
 
 from helpers import SHIPPED_PROMPTS, random_lm, repeating_prompt, with_head
@@ -98,18 +97,6 @@ def test_bad_settings_are_refused():
     wide, narrow = random_lm("llama", hidden=64, seed=1), random_lm("llama", seed=1)
     with pytest.raises(ValueError, match="width"):
         generate("eagle", narrow, repeating_prompt(12, 0), 8, head=EagleHead.for_target(wide))
-
-
-def test_the_tree_keeps_the_best_nodes_and_their_parents():
-    # (cumulative log-prob, depth, token, parent)
-    nodes = [(-0.1, 1, 5, ROOT), (-2.0, 1, 6, ROOT), (-0.3, 2, 7, 0), (-0.3, 2, 8, 0), (-0.35, 3, 9, 2)]
-    tree = Eagle._tree(11, nodes, 3)
-    assert tree.tokens == [5, 7, 8] and tree.parents == [ROOT, 0, 0]
-    tree = Eagle._tree(11, nodes, 4)
-    assert tree.tokens == [5, 7, 8, 9] and tree.parents == [ROOT, 0, 0, 1]
-    # a tie ranks a child level with its parent: the parent comes along
-    tied = [(-0.5, 1, 5, ROOT), (-0.5, 2, 6, 0)]
-    assert Eagle._tree(1, tied, 1).tokens in ([5], [5, 6])
 
 
 def test_step_one_keeps_the_prompts_features_and_no_extra_target_pass(tiny_pair64, tiny_pair):

@@ -42,36 +42,64 @@ time per drafted step, under greedy decoding (under sampling a seed must reprodu
 not follow the machine's speed); injected draft_costs are taken as given (tests, what-ifs). adaptive=True is HF's
 heuristic instead (+2 after a full acceptance, -1 otherwise, blind to costs); the two exclude each other.
 
+A tree (topk > 1; an extension beyond the two papers, as SpecInfer and EAGLE-2 draft): one chain spends every
+draft forward on the draft's argmax, and a weak draft's second choice is often the target's token. With topk = k,
+each draft forward expands the k likeliest frontier nodes at once (their rows see the committed text, their
+ancestors' rows and their own: a tree mask over the draft's DynamicCache), each giving its k likeliest children,
+and the target verifies the best nodes in ONE forward with the tree mask (EAGLE-2's expansion and rerank,
+mechanisms/dynamic_tree.py, here with the draft model in the head's place):
+    draft:  feed committed[d:] (the root and last step's accepted tokens: one forward, the root's children),
+            then one forward per further depth (at most `depth`); scores: cumulative draft log-probs
+    target: ONE forward of the root + the kept nodes (gamma of them, or "auto") with the tree mask
+    commit: the draft's cache is cut back to the committed text (its tree rows are dropped, nothing re-rotated):
+            next step's catch-up feeds the accepted tokens
+A forward of k rows costs a draft about what one row costs (weights are read once), so a tree drafts k x the
+tokens for the chain's forwards. gamma is then the number of nodes verified; "auto" is EAGLE's confidence budget
+(mechanisms/confidence.py: the draft's probabilities, calibrated against the target's verdicts, decide how deep
+to draft and how many nodes to verify, a draft forward priced as measured here). The tree is a deterministic
+function of the committed text (top-k, no coin), so under sampling the loop's tree walk keeps the output exactly
+p (verify.walk_tree; no q, no speculative-sampling rule, a little lower acceptance than the rule would give).
+
 Simplifications: batch size 1; draft and target on one device and sharing a tokenizer; no confidence-based
-early stop of drafting (HF's assistant_confidence_threshold); the draft stops drafting at EOS (nothing
-after it can be emitted); the adaptive schedule is HF's "heuristic" one.
+early stop of a chain (HF's assistant_confidence_threshold; a tree stops where its confidence says); a chain
+stops drafting at EOS (nothing after it can be emitted; a tree may draft past one: the loop's EOS cut drops
+what follows it); the adaptive schedule is HF's "heuristic" one; a tree's draft rows of accepted nodes are
+re-fed next step rather than compacted (kv_cache.compact would keep them: the catch-up is one forward anyway).
 """
 from __future__ import annotations
 
+import math
 import time
 
 import torch
 
+from .. import compat
 from ..checks import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
-from ..mechanisms.budget import Budget, ChainBudget
+from ..mechanisms import dynamic_tree, kv_cache, masks
+from ..mechanisms.budget import Budget, ChainBudget, ConfidenceBudget
 from ..mechanisms.draft_tree import DraftTree
 from ..mechanisms.kv_cache import TrackedCache
 from ..sampling import probs, sample
 
 
 AUTO_MAX_GAMMA = 16  # gamma="auto" picks 1..16 drafts per step
+TREE_LADDER = (0, 1, 2, 4, 6, 8, 12, 16, 24, 32)  # a tree's gamma="auto" (nodes verified) picks among these
+TREE_DEPTH = 8  # a tree's deepest draft, unless depth= says
 DRAFT_MS_RATE = 0.2  # gamma="auto": how fast the draft-forward and rollback estimates move to what they took
 
 
 @register_proposer("draft_model", needs_draft=True)
 class DraftModel(Proposer):
-    """Draft-model speculative decoding (chain of gamma drafts, one-forward verification, cache rollback).
+    """Draft-model speculative decoding: a chain of gamma drafts (topk=1, the papers'), or the draft's dynamic
+    tree (topk > 1); one-forward verification, draft-cache rollback.
 
-    gamma: an int >= 1, or "auto" (from the measured costs; costs=/draft_costs= inject them). adaptive: HF's
-    heuristic schedule."""
+    gamma: drafted tokens verified per step (a chain's length, a tree's nodes), an int >= 1, or "auto" (from the
+    measured costs; costs=/draft_costs= inject them). adaptive: HF's heuristic schedule (a chain's). topk: 1, or
+    the children per expanded node and nodes expanded per depth of a tree; depth: a tree's deepest draft."""
 
-    def __init__(self, gamma: int | str = "auto", adaptive: bool = False, costs=None, draft_costs=None):
+    def __init__(self, gamma: int | str = "auto", adaptive: bool = False, costs=None, draft_costs=None,
+                 topk: int = 1, depth: int | None = None):
         self.budget = Budget("gamma", gamma, 1, costs=costs, draft_costs=draft_costs)
         self.timed = draft_costs is None  # injected draft costs are not corrected by timings
         self.gamma = self.budget.value
@@ -80,8 +108,21 @@ class DraftModel(Proposer):
         if adaptive and self.budget.auto:
             raise ValueError("gamma='auto' and adaptive=True are two schedules for one gamma: pick one (adaptive=True "
                              "starts from an int gamma, e.g. gamma=4)")
+        self.topk = check_int("topk", topk, 1)
+        if self.topk == 1 and depth is not None:
+            raise ValueError("depth is read only for a tree (topk > 1): a chain's depth is gamma")
+        if self.topk > 1 and adaptive:
+            raise ValueError("adaptive=True is HF's schedule for a chain's gamma: use it with topk=1")
+        self.depth = TREE_DEPTH if depth is None and self.topk > 1 else depth
+        if self.depth is not None:
+            check_int("depth", self.depth, 1)
         self.adaptive = adaptive
-        self.config = dict(gamma=self.gamma, adaptive=adaptive)  # as set: the adaptive schedule moves self.gamma
+        # as set: the adaptive schedule moves self.gamma
+        self.config = dict(gamma=self.gamma, adaptive=adaptive, topk=self.topk, depth=self.depth)
+
+    @property
+    def tree(self) -> bool:
+        return self.topk > 1
 
     def start(self, state: LoopState) -> None:
         self.draft = TrackedCache(state.request.draft)
@@ -92,7 +133,14 @@ class DraftModel(Proposer):
         # per drafted step: g forwards + the rollback (`observe`), both re-estimated from this generation's timings
         self.forward_ms = self.budget.curve(req.draft, name="draft_costs").at(0)(1) if self.budget.auto else 0.0
         self.rollback_ms = 0.0
-        self.budget.start(req, lambda curve: ChainBudget(curve, max_len=AUTO_MAX_GAMMA, draft_ms=self.drafting_ms))
+        if self.tree:  # the draft's tree rows: its attention backend's mask, in its dtype
+            self.backend = getattr(req.draft.config, "_attn_implementation", None) or "sdpa"
+            self.dtype = next(req.draft.parameters()).dtype
+            learn = self.timed and req.sampling.greedy  # no clock under sampling: a seed's draws are fixed
+            self.budget.start(req, lambda curve: ConfidenceBudget(curve, TREE_LADDER, self.forward_ms,
+                                                                  len(state.committed), learn_head=learn))
+        else:
+            self.budget.start(req, lambda curve: ChainBudget(curve, max_len=AUTO_MAX_GAMMA, draft_ms=self.drafting_ms))
 
     def drafting_ms(self, g: int) -> float:
         """What drafting g tokens is expected to cost this step (ms): g draft forwards and the rollback."""
@@ -104,6 +152,8 @@ class DraftModel(Proposer):
             setattr(self, name, getattr(self, name) + DRAFT_MS_RATE * (ms - getattr(self, name)))
 
     def propose(self, state: LoopState, max_depth: int) -> Proposal:
+        if self.tree:
+            return self._propose_tree(state, max_depth)
         gamma = self.gamma if self.adaptive else self.budget.choose(len(state.committed), max_depth)
         g = min(gamma, max_depth)  # the step adds g + 1 tokens at most
         drafts, q_rows = [], []
@@ -126,11 +176,56 @@ class DraftModel(Proposer):
         q = torch.stack(q_rows) if q_rows else None  # (g, V)
         return Proposal(DraftTree.chain(state.committed[-1], drafts), q=q, info=self.budget.info(g))
 
+    # ---- the tree (topk > 1) ------------------------------------------------------------------------------
+
+    def _propose_tree(self, state: LoopState, max_depth: int) -> Proposal:
+        """The draft's dynamic tree (module doc, "A tree"): catch up, grow, keep the best, drop the tree rows."""
+        committed, root = state.committed, state.committed[-1]
+        judge = self.budget.chooser  # a ConfidenceBudget under "auto", else None
+        if max_depth < 1 or (judge is not None and not judge.drafting(len(committed))):
+            return Proposal(DraftTree(root), info=self.budget.info(0))  # a plain step: the draft catches up later
+        start, before = time.perf_counter(), self.draft_forwards
+        feed = committed[len(self.draft.tokens):]  # the root and last step's accepted tokens (the prompt on step 1)
+        logp, toks = dynamic_tree.top_children(self.draft.feed(feed), self.topk)  # (1, topk) each: the root's
+        self.draft_forwards += 1
+        nodes = dynamic_tree.grow((logp[0].tolist(), toks[0].tolist()), self._tree_forward(),
+                                  min(self.depth, max_depth), self.topk, 0 if judge else self.gamma, judge)
+        kv_cache.rollback(self.draft.cache, len(self.draft.tokens))  # the tree rows go; the committed text stays
+        if judge is None:
+            order = dynamic_tree.kept(nodes, self.gamma)
+            return Proposal(dynamic_tree.to_tree(root, nodes, order), info=self.budget.info(self.gamma))
+        forwards = self.draft_forwards - before
+        if judge.learn_head and len(feed) <= self.depth + 1:  # a usual catch-up (not the prompt, not plain steps')
+            judge.record_draft(1e3 * (time.perf_counter() - start), forwards)
+        ranked = dynamic_tree.rank(nodes)
+        size = judge.size([math.exp(nodes[i][0]) for i in ranked], judge.head_ms * forwards)
+        order = dynamic_tree.kept(nodes, size, ranked)
+        # the verdict teaches the calibration (each verified node's draft probability), the expected saving
+        # whether drafting pays
+        carry = dict(probs=[nodes[i][4] for i in order], saving=judge.expected)
+        return Proposal(dynamic_tree.to_tree(root, nodes, order), info=self.budget.info(size), carry=carry)
+
+    def _tree_forward(self):
+        """dynamic_tree.grow's forward: one draft forward of a depth's expanded nodes after the committed text."""
+        c, device = len(self.draft.tokens), self.draft.device  # the cache holds committed[:c], the root last
+
+        def forward(expand, nodes, sees, d):
+            rows, kv = sees.shape  # a row sees the committed text, its ancestors' rows and its own
+            mod = masks.or_masks(masks.prefix(c), masks.visible(sees, 0, c, device))
+            mask = masks.render(mod, rows, c + kv, self.backend, self.dtype, device)  # (1, 1, E, c + kv)
+            ids = torch.tensor([[nodes[i][2] for i in expand]], device=device)  # (1, E)
+            pos = torch.full((1, rows), c - 1 + d, device=device)  # a depth-d node sits d after the root
+            logits = compat.forward(self.draft.model, input_ids=ids, position_ids=pos, attention_mask=mask,
+                                    cache=self.draft.cache, use_cache=True).logits[0]  # (E, V)
+            self.draft_forwards += 1
+            return dynamic_tree.top_children(logits, self.topk)
+        return forward
+
     def observe(self, state: LoopState, verdict) -> None:
         drafted = len(verdict.proposal.tree)
         start = time.perf_counter()
         self.draft.commit(state.committed)
-        if drafted:
+        if drafted and not self.tree:
             self._learn("rollback_ms", 1e3 * (time.perf_counter() - start))
         if state.debug:
             self.draft.check(state.committed, "draft")

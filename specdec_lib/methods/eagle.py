@@ -15,7 +15,8 @@ c_T at position T (committed, not yet in the target's cache), the head's cache h
    so an unsure head stops drafting early.
 3. rerank: of every node drafted, keep the `budget` with the best cumulative log-prob. A child never scores
    above its parent, so the kept set is a tree (parents come along on ties); ordered by depth, it is the
-   DraftTree the loop verifies, in ONE target forward with the tree mask (verify.py).
+   DraftTree the loop verifies, in ONE target forward with the tree mask (verify.py). Steps 2-3 are
+   mechanisms/dynamic_tree.py (a draft model grows the same tree: draft_model with topk > 1).
 4. observe: the verify forward's rows hold the target's final hidden state of the root and of every accepted
    node (verify.RowLogits.hidden): they are the next step's catch-up features, so no extra target pass is paid.
    The head's cache drops this step's tree rows (a length cut: HeadKV.crop) and keeps the exact ones.
@@ -52,6 +53,7 @@ from ..eagle_head import EagleHead, HeadKV, head_for
 from ..loop import LoopState, Proposal, Proposer, register_proposer
 from ..mechanisms.budget import Budget
 from ..mechanisms.confidence import ConfidenceBudget
+from ..mechanisms import dynamic_tree
 from ..mechanisms.draft_tree import ROOT, DraftTree
 
 BUDGET_LADDER = (0, 1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # budget="auto" picks among these
@@ -144,16 +146,13 @@ class Eagle(Proposer):
     def _children(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(log-probs (R, topk), tokens (R, topk)) of the best children of each row's predicted feature."""
         logits, ids = self.h.logits(self.target, hidden)  # (R, K or V)
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        top, idx = logp.topk(min(self.topk, logp.shape[-1]), dim=-1)  # (R, topk)
+        top, idx = dynamic_tree.top_children(logits, self.topk)  # (R, topk)
         return top, (ids[idx] if ids is not None else idx)
 
     def _draft(self, committed: list[int], max_depth: int, keep: int,
-               judge: ConfidenceBudget | None = None) -> list[tuple[float, int, int, int, float]]:
-        """Every node drafted this step: (score, depth, token, parent's index in the list, the head's probability
-        of the token given its parent). The score is the cumulative log-prob, or with a `judge` (budget "auto")
-        the log of the node's value (its calibrated chance to be accepted). Without a judge only what can enter
-        the best `keep` is expanded; with one, what it finds worth a head forward."""
+               judge: ConfidenceBudget | None = None) -> list[dynamic_tree.Node]:
+        """Every node drafted this step (dynamic_tree.grow: (score, depth, token, parent, q)), the head's rows
+        after catching it up with the committed text."""
         T = len(committed) - 1  # the root's position
         self.cache.crop(self.exact)  # drop last step's tree rows
         n = len(self.pending)  # catch up: positions exact .. T-1, features known, next tokens committed
@@ -165,85 +164,20 @@ class Eagle(Proposer):
                          torch.ones(n, n, dtype=torch.bool, device=self.device).tril())
         self.exact += n
         self.pending = []
-        nodes: list[tuple[float, int, int, int, float]] = []  # (score, depth, token, parent, q) in drafting order
+        parent_feat = {ROOT: out[-1]}  # a node's predicted feature: its children's rows read it
 
-        def grow(parent: int, base: float, logp: list[float], toks: list[int]) -> None:
-            best = 0.0
-            for lp, tok in zip(logp, toks):
-                q = math.exp(lp)
-                if judge is None:
-                    score = base + lp
-                else:
-                    v = judge.value(q)
-                    best = max(best, v)
-                    score = base + math.log(max(v, 1e-30))
-                nodes.append((score, 1 if parent == ROOT else nodes[parent][1] + 1, tok, parent, q))
-                frontier.append(len(nodes) - 1)
-            if judge is not None and parent != ROOT:
-                judge.saw_children(best)
-
-        logp, toks = self._children(out[-1:])
-        frontier: list[int] = []
-        grow(ROOT, 0.0, logp[0].tolist(), toks[0].tolist())
-        parent_feat = {ROOT: out[-1]}
-        ancestors_rows: dict[int, list[int]] = {ROOT: []}
-        tree_rows = 0
-        for d in range(1, min(self.depth, max_depth)):
-            best = sorted(frontier, key=lambda i: -nodes[i][0])[:self.topk]
-            if judge is None:
-                # a child never scores above its parent: a frontier node below the keep-th best score so far can
-                # add nothing to the kept tree, and when no node is above it, deeper depths are not drafted at all
-                floor = sorted((n[0] for n in nodes), reverse=True)[keep - 1] if len(nodes) >= keep else -math.inf
-                expand = [i for i in best if nodes[i][0] > floor]
-            else:  # what pays one more head forward (its nodes' values are exp(score))
-                expand = best[:judge.expand([math.exp(nodes[i][0]) for i in best])]
-            if not expand:
-                break
-            feats = torch.stack([parent_feat[nodes[i][3]] for i in expand])  # (E, d): the parent's prediction
-            rows = [tree_rows + j for j in range(len(expand))]
-            seen = []
-            for i, r in zip(expand, rows):
-                ancestors_rows[i] = ancestors_rows[nodes[i][3]] + [r]
-                seen.append(ancestors_rows[i])
-            total = tree_rows + len(expand)
-            sees = torch.zeros(len(expand), total, dtype=torch.bool, device=self.device)
-            for j, rs in enumerate(seen):
-                sees[j, rs] = True
+        def forward(expand, nodes, sees, d):
+            # a depth-d node's row sits at T + d - 1 (EAGLE's shift) and reads its parent's predicted feature;
             # rows of earlier depths are already in the head's cache: the mask covers all tree rows
-            out = self._head(feats, [nodes[i][2] for i in expand], [T + d - 1] * len(expand), sees)
-            tree_rows = total
-            logp, toks = self._children(out)
-            frontier = []
+            feats = torch.stack([parent_feat[nodes[i][3]] for i in expand])  # (E, d)
+            out = self._head(feats, [nodes[i][2] for i in expand], [T + d - 1] * len(expand), sees.to(self.device))
             for j, i in enumerate(expand):
                 parent_feat[i] = out[j]
-                grow(i, nodes[i][0], logp[j].tolist(), toks[j].tolist())
-        return nodes
+            return self._children(out)
 
-    @staticmethod
-    def _rank(nodes) -> list[int]:
-        """The nodes' indices, best score first (ties: the shallower first)."""
-        return sorted(range(len(nodes)), key=lambda i: (-nodes[i][0], nodes[i][1]))
-
-    @staticmethod
-    def _kept(nodes, budget: int, ranked: list[int] | None = None) -> list[int]:
-        """The `budget` best nodes by score, closed under parents, ordered by depth (`ranked`: the nodes'
-        `_rank`, when already computed)."""
-        best = (ranked if ranked is not None else Eagle._rank(nodes))[:budget]
-        keep = set(best)
-        for i in best:  # ties can rank a child above its parent: bring parents along
-            p = nodes[i][3]
-            while p != ROOT and p not in keep:
-                keep.add(p)
-                p = nodes[p][3]
-        return sorted(keep, key=lambda i: (nodes[i][1], i))
-
-    @staticmethod
-    def _tree(root: int, nodes, budget: int, ranked: list[int] | None = None, order: list[int] | None = None
-              ) -> DraftTree:
-        """The DraftTree of the `budget` best nodes (`_kept`; `order`: already kept)."""
-        order = Eagle._kept(nodes, budget, ranked) if order is None else order
-        index = {old: new for new, old in enumerate(order)}
-        return DraftTree(root, [nodes[i][2] for i in order], [index.get(nodes[i][3], ROOT) for i in order])
+        logp, toks = self._children(out[-1:])
+        return dynamic_tree.grow((logp[0].tolist(), toks[0].tolist()), forward, min(self.depth, max_depth),
+                                 self.topk, keep, judge)
 
     def propose(self, state: LoopState, max_depth: int) -> Proposal:
         root = state.committed[-1]
@@ -252,13 +186,14 @@ class Eagle(Proposer):
         judge = self.budget.chooser  # a ConfidenceBudget under "auto", else None
         if judge is None:
             nodes = self._draft(state.committed, max_depth, self.budget.value)
-            return Proposal(self._tree(root, nodes, self.budget.value), info=self.budget.info(self.budget.value),
+            order = dynamic_tree.kept(nodes, self.budget.value)
+            return Proposal(dynamic_tree.to_tree(root, nodes, order), info=self.budget.info(self.budget.value),
                             features=True)
         if not judge.drafting(len(state.committed)):  # drafting does not pay here: a plain step (probes later)
             return Proposal(DraftTree(root), info=self.budget.info(0), features=True)
         start, before, catch_up = time.perf_counter(), self.head_forwards, len(self.pending)
         nodes = self._draft(state.committed, max_depth, 0, judge)  # its .tolist() calls wait for a GPU's kernels
-        ranked = self._rank(nodes)
+        ranked = dynamic_tree.rank(nodes)
         forwards = self.head_forwards - before
         # the head's price learns from the clock under greedy decoding, on steps whose catch-up is a usual one
         # (a step's root and accepted tokens, not the prompt or the rows of a run of plain steps)
@@ -266,11 +201,11 @@ class Eagle(Proposer):
             judge.record_draft(1e3 * (time.perf_counter() - start), forwards)
         took = judge.head_ms * forwards  # the step's drafting, at the head's price (no clock: see the module doc)
         size = judge.size([math.exp(nodes[i][0]) for i in ranked], took)
-        order = self._kept(nodes, size, ranked)
+        order = dynamic_tree.kept(nodes, size, ranked)
         # the verdict teaches the calibration (each verified node's head probability); the step's expected saving
         # judges whether drafting pays
         carry = dict(probs=[nodes[i][4] for i in order], saving=judge.expected)
-        return Proposal(self._tree(root, nodes, size, order=order), info=self.budget.info(size), carry=carry,
+        return Proposal(dynamic_tree.to_tree(root, nodes, order), info=self.budget.info(size), carry=carry,
                         features=True)
 
     def observe(self, state: LoopState, verdict) -> None:
