@@ -10,7 +10,7 @@ Paradigm") §2.2 (cache construction), §2.3 (the drafter's tree mask) and §2.4
   log space), all K x K of them form the secondary cache B(l) (`level2`: token, score, parent), and the global
   top-K become the next frontier (eq. 6-9). The first layer after a reset feeds the committed tokens the
   drafter lacks (the root last; causal, no mask) and expands the root.
-- `query`: ONE chain for the target. Greedy: descend from the root to the child with the best cumulative score
+- `query`: ONE chain for the target (`query_tree`: its best nodes instead, an extension; card's `tree=`). Greedy: descend from the root to the child with the best cumulative score
   until a leaf (lossless whatever the chain: the loop's tree walk accepts only the target's own argmax).
   Sampling: the chain is DRAWN from q, token by token: x_1 ~ q(root), x_{i+1} ~ q(node of x_i), q = the draft's
   warped probabilities (sampling.probs) from the logits the tree cached for that node; the chain stops after a
@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from .. import compat
-from . import kv_cache, masks
+from . import dynamic_tree, kv_cache, masks
 from .draft_tree import ROOT, DraftTree
 from ..sampling import probs, sample
 
@@ -85,6 +85,17 @@ class ScoredTree(DraftTree):
             if node is None or node >= self.fed:  # no logits after x: the chain ends with it
                 break
         return chain, (torch.stack(q_rows) if q_rows else None)
+
+    def query_tree(self, size: int, max_depth: int) -> DraftTree:
+        """The `size` best nodes by cumulative score, at most `max_depth` deep, closed under parents (an extension
+        beyond the paper's one chain: card's `tree=`); a deterministic function of the tree, for greedy decoding
+        and sampling alike (the loop's tree walk verifies it)."""
+        if self.root_logits is None:
+            return DraftTree(self.root)
+        nodes = [(self.scores[i], self.depths[i], self.tokens[i], self.parents[i], None)
+                 for i in range(len(self.tokens))]
+        ranked = [i for i in dynamic_tree.rank(nodes) if nodes[i][1] <= max_depth]
+        return dynamic_tree.to_tree(self.root, nodes, dynamic_tree.kept(nodes, size, ranked))
 
     def match(self, committed: list[int]) -> tuple[list[int], bool]:
         """(tree nodes spelling the longest prefix of the new committed tokens, True when all of them)."""

@@ -55,9 +55,16 @@ stats(): hit rate, draft layers, config, and in thread and process modes the bus
 start/end of each draft forward and of each target step = propose's return to observe's call) for a Gantt /
 overlap figure (bench/timeline.py); thread mode also counts the layers discarded by a correction.
 
+The target's tree (`tree=N`, an extension beyond the paper, which verifies one chain): the target verifies the
+drafter's N best nodes by cumulative score (card_tree.ScoredTree.query_tree, at most draft_depth - 1 deep) in one
+forward with the tree mask, as EAGLE and draft_model's tree do. The drafter's width-K layers already hold the
+runner-up children a chain throws away; verifying them costs rows, not draft forwards. The tree is a
+deterministic function of the drafter's tree, so under sampling the loop's tree walk keeps the output exactly p
+(no q, no speculative-sampling rule). The correction is the same: the committed tokens walk down the tree.
+
 Simplifications: the paper's two processes on two GPUs are two processes on one CPU, or one process (threads,
-or none), or a GPU target beside a CPU drafter or a second stream; the target verifies one chain (no tree
-attention on the target side, as the paper).
+or none), or a GPU target beside a CPU drafter or a second stream; the paper's target verifies one chain (`tree=`
+verifies the drafter's best nodes instead: tree attention on the target side too); a tree's size is fixed.
 """
 from __future__ import annotations
 
@@ -101,7 +108,7 @@ class Card(Proposer):
 
     def __init__(self, width: int | str = "auto", ratio: int = 2, mode: str = "sync", draft_depth: int = 12,
                  correction: bool = True, query: int | str | None = None, costs=None,
-                 draft_device: str | None = None):
+                 draft_device: str | None = None, tree: int | None = None):
         if draft_device not in DRAFT_DEVICES:
             raise ValueError(f"draft_device must be one of {DRAFT_DEVICES} (None: the draft's own device), "
                              f"got {draft_device!r}")
@@ -122,6 +129,13 @@ class Card(Proposer):
         if not correction and mode != "sync":
             raise ValueError("correction=False (the Table 2 ablation) runs in mode='sync' only")
         self.correction = correction
+        self.tree = None if tree is None else check_int("tree", tree, 1)
+        if self.tree is not None and query is not None:
+            raise ValueError("tree= and query= are two budgets for one verify (nodes of a tree, a chain's length): "
+                             "pick one")
+        if self.tree is not None and not correction:
+            raise ValueError("tree= verifies the drafter's tree from its root: the ablation (correction=False) "
+                             "queries chains from a moving anchor")
         self.drafter = None
 
     # ---- lifecycle --------------------------------------------------------------------------------------
@@ -197,6 +211,9 @@ class Card(Proposer):
         if limit > 0:
             query = self.budget.choose(len(state.committed), limit)
             limit = limit if query is None else min(limit, query)
+        if self.tree is not None:  # the drafter's best nodes (an extension: the module doc)
+            info = dict(draft_size=self.tree, card_nodes=len(tree), card_layers=since, hit=None)
+            return Proposal(tree.query_tree(self.tree, limit), info=info)
         if not self.correction and self.anchor is None:  # a stale tree: nothing to query
             chain, q = [], None
         else:
@@ -239,7 +256,8 @@ class Card(Proposer):
 
     def stats(self) -> dict:
         config = dict(width="auto" if self.width_auto else self.width, ratio=self.ratio, mode=self.mode,
-                      draft_depth=self.draft_depth, correction=self.correction, query=self.query, draft_device=self.draft_device)
+                      draft_depth=self.draft_depth, correction=self.correction, query=self.query,
+                      draft_device=self.draft_device, tree=self.tree)
         out = dict(config=config, **self.budget.stats(), draft_layers=self.drafter.layers,
                    plain_steps=self.plain_steps, **(self.side.stats() if self.side is not None else {}),
                    plain_step_ms=None if self.side is None or self._plain_ms is None else round(self._plain_ms, 3),
