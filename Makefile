@@ -88,7 +88,7 @@ bench-readme: $(STAMP)
 
 # The real pair's table in the README (SmolLM2-135M-Instruct and its draft, offline): HumanEval and editing, 96 new
 # tokens, every method interleaved per prompt; data/results/bench_<suite>_cpu_smol.*, then the README block "smol".
-SMOL_METHODS ?= hf,autoregressive,hf_prompt_lookup,hf_assisted,prompt_lookup,draft_model,cacheback,lookahead,fafo,card,card@mode=thread,card@mode=process,eagle
+SMOL_METHODS ?= hf,autoregressive,hf_prompt_lookup,hf_assisted,prompt_lookup,draft_model,draft_model@topk=4,cacheback,lookahead,fafo,card,card@width=4+ratio=1+tree=8,card@mode=thread,card@mode=process,eagle
 bench-smol: $(STAMP)
 	for suite in humaneval editing; do $(BIN)/python -m specdec_lib.bench --models smol --suite $$suite --methods $(SMOL_METHODS) --max-new-tokens 96 --limit 6 --repeats 1 --no-progress --out data/results --tag cpu_smol || exit 1; done
 	$(BIN)/python -m specdec_lib.bench.compare --readme README.md humaneval editing --tag cpu_smol --block smol
