@@ -10,8 +10,9 @@ Paradigm") §2.2 (cache construction), §2.3 (the drafter's tree mask) and §2.4
   log space), all K x K of them form the secondary cache B(l) (`level2`: token, score, parent), and the global
   top-K become the next frontier (eq. 6-9). The first layer after a reset feeds the committed tokens the
   drafter lacks (the root last; causal, no mask) and expands the root.
-- `query`: ONE chain for the target (`query_tree`: its best nodes instead, an extension; card's `tree=`). Greedy: descend from the root to the child with the best cumulative score
-  until a leaf (lossless whatever the chain: the loop's tree walk accepts only the target's own argmax).
+- `query`: ONE chain for the target (`query_tree`: its best nodes instead, an extension; card's `tree=`).
+  Greedy: descend from the root to the child with the best cumulative score until a leaf (lossless whatever the
+  chain: the loop's tree walk accepts only the target's own argmax).
   Sampling: the chain is DRAWN from q, token by token: x_1 ~ q(root), x_{i+1} ~ q(node of x_i), q = the draft's
   warped probabilities (sampling.probs) from the logits the tree cached for that node; the chain stops after a
   drawn token whose node is not in the tree or not fed yet (no logits: no draft forward at query time, the
