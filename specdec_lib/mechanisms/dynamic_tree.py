@@ -17,6 +17,7 @@ ConfidenceBudget: the "auto" budget, mechanisms/confidence.py), the log of the n
   judge says how many of the best are worth a forward.
 - rerank (`kept`, `to_tree`): of every node drafted, the `budget` best by score, closed under parents (ties can
   rank a child above its parent), ordered by depth: the DraftTree the loop verifies in ONE target forward.
+  `judged` does it for the "auto" budget: the judge picks the size from the nodes' values.
 
 Simplifications: the frontier at each depth is the last depth's children only (EAGLE-2's); ties are broken by
 depth, then drafting order.
@@ -111,3 +112,13 @@ def to_tree(root: int, nodes: list[Node], order: list[int]) -> DraftTree:
     """The DraftTree of the nodes `order` (as `kept` returns them) under the committed token `root`."""
     index = {old: new for new, old in enumerate(order)}
     return DraftTree(root, [nodes[i][2] for i in order], [index.get(nodes[i][3], ROOT) for i in order])
+
+
+def judged(root: int, nodes: list[Node], judge: ConfidenceBudget, draft_ms: float) -> tuple[DraftTree, int, dict]:
+    """The "auto" budget's tree: (the tree, its size as the judge picked it from the nodes' values, the proposal's
+    carry: each verified node's drafter probability, for the calibration, and the step's expected saving).
+    `draft_ms`: what this step's drafting cost, at the judge's price per forward."""
+    ranked = rank(nodes)
+    size = judge.size([math.exp(nodes[i][0]) for i in ranked], draft_ms)
+    order = kept(nodes, size, ranked)
+    return to_tree(root, nodes, order), size, dict(probs=[nodes[i][4] for i in order], saving=judge.expected)

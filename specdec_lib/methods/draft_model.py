@@ -68,7 +68,6 @@ re-fed next step rather than compacted (kv_cache.compact would keep them: the ca
 """
 from __future__ import annotations
 
-import math
 import time
 
 import torch
@@ -197,13 +196,10 @@ class DraftModel(Proposer):
         forwards = self.draft_forwards - before
         if judge.learn_head and len(feed) <= self.depth + 1:  # a usual catch-up (not the prompt, not plain steps')
             judge.record_draft(1e3 * (time.perf_counter() - start), forwards)
-        ranked = dynamic_tree.rank(nodes)
-        size = judge.size([math.exp(nodes[i][0]) for i in ranked], judge.head_ms * forwards)
-        order = dynamic_tree.kept(nodes, size, ranked)
         # the verdict teaches the calibration (each verified node's draft probability), the expected saving
         # whether drafting pays
-        carry = dict(probs=[nodes[i][4] for i in order], saving=judge.expected)
-        return Proposal(dynamic_tree.to_tree(root, nodes, order), info=self.budget.info(size), carry=carry)
+        tree, size, carry = dynamic_tree.judged(root, nodes, judge, judge.head_ms * forwards)
+        return Proposal(tree, info=self.budget.info(size), carry=carry)
 
     def _tree_forward(self):
         """dynamic_tree.grow's forward: one draft forward of a depth's expanded nodes after the committed text."""

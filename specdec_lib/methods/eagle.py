@@ -43,7 +43,6 @@ not with EAGLE's recursive rejection sampling (lossless, a little lower acceptan
 """
 from __future__ import annotations
 
-import math
 import time
 
 import torch
@@ -193,20 +192,15 @@ class Eagle(Proposer):
             return Proposal(DraftTree(root), info=self.budget.info(0), features=True)
         start, before, catch_up = time.perf_counter(), self.head_forwards, len(self.pending)
         nodes = self._draft(state.committed, max_depth, 0, judge)  # its .tolist() calls wait for a GPU's kernels
-        ranked = dynamic_tree.rank(nodes)
         forwards = self.head_forwards - before
         # the head's price learns from the clock under greedy decoding, on steps whose catch-up is a usual one
         # (a step's root and accepted tokens, not the prompt or the rows of a run of plain steps)
         if judge.learn_head and catch_up <= self.topk:
             judge.record_draft(1e3 * (time.perf_counter() - start), forwards)
-        took = judge.head_ms * forwards  # the step's drafting, at the head's price (no clock: see the module doc)
-        size = judge.size([math.exp(nodes[i][0]) for i in ranked], took)
-        order = dynamic_tree.kept(nodes, size, ranked)
-        # the verdict teaches the calibration (each verified node's head probability); the step's expected saving
-        # judges whether drafting pays
-        carry = dict(probs=[nodes[i][4] for i in order], saving=judge.expected)
-        return Proposal(dynamic_tree.to_tree(root, nodes, order), info=self.budget.info(size), carry=carry,
-                        features=True)
+        # the step's drafting at the head's price (no clock: see the module doc); the verdict teaches the
+        # calibration (each verified node's head probability), the expected saving whether drafting pays
+        tree, size, carry = dynamic_tree.judged(root, nodes, judge, judge.head_ms * forwards)
+        return Proposal(tree, info=self.budget.info(size), carry=carry, features=True)
 
     def observe(self, state: LoopState, verdict) -> None:
         rows = verdict.logits  # RowLogits: row 0 the root, row i + 1 node i
