@@ -118,6 +118,8 @@ def ensure_smol_dir(progress: bool = True) -> Path:
         fresh.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / "source.json").write_text(json.dumps(_source_stamp(source)))
+        if stamp_file.is_file() and json.loads(stamp_file.read_text()) == _source_stamp(source):
+            return out  # another process (a notebook run beside this one) wrote it meanwhile: theirs is as good
         if out.exists():
             shutil.rmtree(out, ignore_errors=True)
         try:

@@ -2,8 +2,14 @@
 in a temp folder. Shared helper functions (random models, prompts) are in helpers.py."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+# the workbooks' notebooks run two at a time where there are two cores: their SMOKE cells use one thread each, so
+# side by side they take about half the time (CI's 90 minutes)
+NOTEBOOK_JOBS = min(2, os.cpu_count() or 1)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +49,7 @@ def smoke_workbook(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECDEC_CACHE", str(out / "cache"))  # tables built on demand stay in the test's folder
         mp.setenv("JUPYTER_DATA_DIR", str(jupyter_data))
-        runs = run_notebooks.run_all(out, smoke=True, timeout=300, log=lambda *a, **k: None)
+        runs = run_notebooks.run_all(out, smoke=True, timeout=300, log=lambda *a, **k: None, jobs=NOTEBOOK_JOBS)
     return {"out": out, "runs": {run.name: run for run in runs}, "jupyter_data": jupyter_data}
 
 
@@ -52,14 +58,16 @@ def smol_workbook(tmp_path_factory):
     """Every notebook executed once in SMOKE mode with MODELS = "smol" (the real pair: SmolLM2-135M-Instruct and
     its exit draft), as a user would run them with that one parameter changed; the exercises' solution cells run
     on the tiny pair (smoke_workbook) and are left out here (each is minutes of the real pair's time in CI)."""
+    from specdec_lib.smol import ensure_smol_dir
     from specdec_lib.tools import run_notebooks
 
     out = tmp_path_factory.mktemp("workbook_smol")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECDEC_CACHE", str(out / "cache"))
         mp.setenv("JUPYTER_DATA_DIR", str(tmp_path_factory.mktemp("jupyter_data_smol")))
+        ensure_smol_dir(progress=False)  # dequantised once here, not by two kernels at once
         runs = run_notebooks.run_all(out, smoke=True, timeout=600, log=lambda *a, **k: None,
-                                     params={"MODELS": "smol"}, skip_exercises=True)
+                                     params={"MODELS": "smol"}, skip_exercises=True, jobs=NOTEBOOK_JOBS)
     return {"out": out, "runs": {run.name: run for run in runs}}
 
 

@@ -112,6 +112,39 @@ def test_a_failing_cell_fails_the_run(tmp_path, capsys):
     assert (tmp_path / "out" / "broken.ipynb").exists()
 
 
+def test_jobs_run_notebooks_side_by_side_in_order(tmp_path):
+    """run_all(jobs=2): two kernels at once (each notebook waits for the other's flag file: one after the other,
+    the first would time out), results in the notebooks' order, each kernel told it runs headless and given its
+    share of the cores."""
+    from specdec_lib.tools import notebook
+
+    folder = tmp_path / "nbs"
+    folder.mkdir()
+    waits = {"a": "b", "b": "a", "c": None}
+    for name, other in waits.items():
+        wait = "" if other is None else (
+            f"deadline = time.time() + 120\n"
+            f"while not os.path.exists(r'{tmp_path / other}.flag') and time.time() < deadline:\n"
+            f"    time.sleep(0.1)\n"
+            f"assert os.path.exists(r'{tmp_path / other}.flag'), 'ran alone'\n")
+        code = (f"import os, time\nopen(r'{tmp_path / name}.flag', 'w').close()\n{wait}"
+                f"print(os.environ.get('OMP_NUM_THREADS'), os.environ.get('{notebook.EXECUTED}'))")
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("SMOKE = False",
+                                                                       metadata={"tags": ["parameters"]}),
+                                             nbformat.v4.new_code_cell(code)])
+        nbformat.write(nb, folder / f"{name}.ipynb")
+    runs = run_notebooks.run_all(tmp_path / "out", notebooks_dir=folder, timeout=150, jobs=2,
+                                 log=lambda *a, **k: None)
+    assert [r.name for r in runs] == ["a.ipynb", "b.ipynb", "c.ipynb"]
+    assert all(r.ok for r in runs), [r.error for r in runs]
+    threads = run_notebooks.kernel_threads(2)["OMP_NUM_THREADS"]
+    for run in runs:
+        printed = nbformat.read(run.output, as_version=4).cells[-1].outputs[0].text.split()
+        assert printed == [threads, "1"], printed
+    assert run_notebooks.kernel_threads(1) == {}
+    assert (tmp_path / "out" / "index.html").exists()
+
+
 class _MissedWakeUpChannel:
     """A shell channel with nbclient#312's symptom: a poll sees only replies queued before it started, so one long
     poll misses a reply that arrives during it and returns when its timeout expires."""

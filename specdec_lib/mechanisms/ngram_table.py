@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import numbers
+import os
 from collections import OrderedDict
 from pathlib import Path
 
@@ -249,9 +250,11 @@ class FrozenNgramTable(_Table):
         dtype = np.int32 if max(leaders.max(initial=0), followers.max(initial=0)) < 2**31 else np.int64
         meta = {k: v for k, v in self.meta.items() if k != "path"}
         meta.update(format=_FORMAT, params=list(self.params))
-        with open(path, "wb") as f:  # an open file: np.savez would otherwise append ".npz" to other names
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:  # an open file: np.savez would otherwise append ".npz" to other names
             np.savez_compressed(f, leaders=leaders.astype(dtype), offsets=offsets,
                                 followers=followers.astype(dtype), meta=np.array(json.dumps(meta)))
+        os.replace(tmp, path)  # atomic: a process building the same table beside this one reads a whole file
         self.meta["path"] = str(path)
         return path
 

@@ -108,10 +108,12 @@ def is_exercise_cell(cell) -> bool:
 
 
 def run_notebook(path, out_dir, smoke: bool = False, timeout: int = 600, kernel_name: str = "python3",
-                 html: bool = True, params: dict | None = None, skip_exercises: bool = False) -> NotebookRun:
+                 html: bool = True, params: dict | None = None, skip_exercises: bool = False,
+                 env: dict | None = None) -> NotebookRun:
     """Execute one notebook into `out_dir/<name>.ipynb` (and `<name>.html` when `html`); never raises on a cell
     error (see `.error`). skip_exercises: the exercises' solution and check cells are left out (the tests run them
-    on the tiny pair, and on the real pair only the notebook's own sections: CI's time)."""
+    on the tiny pair, and on the real pair only the notebook's own sections: CI's time). env: more environment
+    variables for the kernel (it gets this process's environment)."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
@@ -129,19 +131,15 @@ def run_notebook(path, out_dir, smoke: bool = False, timeout: int = 600, kernel_
     client.on_notebook_start = lambda notebook: _poll_shell_in_slices(client)
     error = None
     start = time.perf_counter()
-    before = os.environ.get(notebook_helpers.EXECUTED)
-    os.environ[notebook_helpers.EXECUTED] = "1"  # the kernel inherits it: notebook.banner() then turns bars off
+    # the kernel's own environment (not ours: notebooks may run side by side in threads): notebook.banner() turns
+    # progress bars off where EXECUTED is set
+    kernel_env = {**os.environ, notebook_helpers.EXECUTED: "1", **(env or {})}
     try:
-        client.execute()
+        client.execute(env=kernel_env)
     except CellExecutionError as err:
         error = str(err)
     except Exception as err:  # kernel death, timeout, missing kernel: report it like a cell error
         error = f"{type(err).__name__}: {err}"
-    finally:
-        if before is None:
-            os.environ.pop(notebook_helpers.EXECUTED, None)
-        else:
-            os.environ[notebook_helpers.EXECUTED] = before
     seconds = time.perf_counter() - start
     stderr = stderr_outputs(nb)
     offline_views.add_static_fallbacks(nb)
@@ -172,24 +170,57 @@ def find_notebooks(notebooks_dir=NOTEBOOKS_DIR, pattern: str = "*.ipynb") -> lis
     return sorted(p for p in Path(notebooks_dir).glob(pattern) if ".ipynb_checkpoints" not in p.parts)
 
 
+def kernel_threads(jobs: int) -> dict:
+    """The kernels' thread settings when `jobs` notebooks run side by side: the cores shared out (a kernel that
+    sets its own count, as the notebooks' SMOKE cells do, keeps it), so two kernels do not both spread over
+    every core. {} for one job: a kernel then picks as it would in Jupyter."""
+    if jobs <= 1:
+        return {}
+    threads = str(max(1, (os.cpu_count() or 1) // jobs))
+    return {name: os.environ.get(name, threads) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+
+
 def run_all(out_dir, smoke: bool = False, pattern: str = "*.ipynb", notebooks_dir=NOTEBOOKS_DIR,
             timeout: int = 600, stop_on_error: bool = False, log=print, params: dict | None = None,
-            skip_exercises: bool = False) -> list[NotebookRun]:
+            skip_exercises: bool = False, jobs: int = 1) -> list[NotebookRun]:
     """Execute every notebook matching `pattern` into `out_dir` (`params`: more settings injected after the
-    parameters cell, e.g. {"MODELS": "tiny"}), then write `out_dir/index.html`."""
+    parameters cell, e.g. {"MODELS": "tiny"}), then write `out_dir/index.html`.
+
+    jobs: notebooks run at once (each on its own kernel, `kernel_threads(jobs)` threads each). The SMOKE runs
+    set one thread, so on a 2-core machine two of them side by side take about half the time of one after the
+    other (the tests run them so). A FULL run measures speeds: keep it at one job. The runs come back in the
+    notebooks' order; with stop_on_error and jobs > 1, the notebooks not started when one fails are skipped."""
+    from concurrent.futures import ThreadPoolExecutor
+
     paths = find_notebooks(notebooks_dir, pattern)
     if not paths:
         raise FileNotFoundError(f"no notebooks matching {pattern!r} under {notebooks_dir}")
-    runs = []
-    for path in paths:
+    jobs = max(1, min(int(jobs), len(paths)))
+    env = kernel_threads(jobs)
+    failed = []
+
+    def one(path):
+        if failed and stop_on_error:
+            return None
         log(f"running {path.name}{' (smoke)' if smoke else ''} ...", flush=True)
-        run = run_notebook(path, out_dir, smoke=smoke, timeout=timeout, params=params, skip_exercises=skip_exercises)
-        runs.append(run)
-        log(f"  {'ok' if run.ok else 'FAILED'} in {run.seconds:.1f} s -> {run.output}", flush=True)
+        run = run_notebook(path, out_dir, smoke=smoke, timeout=timeout, params=params, skip_exercises=skip_exercises,
+                           env=env)
+        log(f"  {run.name}: {'ok' if run.ok else 'FAILED'} in {run.seconds:.1f} s -> {run.output}", flush=True)
         for text in run.stderr:
-            log(f"  stderr output, {text.splitlines()[0][:160]}", flush=True)
-        if not run.ok and stop_on_error:
-            break
+            log(f"  {run.name}: stderr output, {text.splitlines()[0][:160]}", flush=True)
+        if not run.ok:
+            failed.append(run)
+        return run
+
+    if jobs == 1:
+        runs = []
+        for path in paths:
+            runs.append(one(path))
+            if failed and stop_on_error:
+                break
+    else:  # threads suffice: each notebook's work is in its kernel, a process of its own
+        with ThreadPoolExecutor(jobs) as pool:
+            runs = [run for run in pool.map(one, paths) if run is not None]
     offline_views.write_index(out_dir, [Path(r.name).stem for r in runs])
     return runs
 
@@ -207,21 +238,26 @@ def main(argv=None) -> int:
     parser.add_argument("--stop-on-error", action="store_true", help="stop at the first failing notebook")
     parser.add_argument("--fail-on-stderr", action="store_true",
                         help="a notebook with any stderr output (a warning's red box) fails the run")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="notebooks run at once (SMOKE runs use one thread each: 2 on a 2-core machine halves "
+                             "the time; keep 1 for --full, which measures speeds)")
     parser.add_argument("--models", default=None,
                         help='set MODELS: "tiny", "smol" (the real pair), "auto", or "TARGET_DIR,DRAFT_DIR"')
     args = parser.parse_args(argv)
     params = {"FULL": True} if args.full else {}
     if args.models:
         params["MODELS"] = args.models if "," not in args.models else tuple(args.models.split(","))
+    wall = time.perf_counter()
     try:
         runs = run_all(args.out, smoke=args.smoke, pattern=args.pattern, notebooks_dir=args.notebooks,
                        timeout=max(args.timeout, 3600) if args.full else args.timeout,
-                       stop_on_error=args.stop_on_error, params=params or None)
+                       stop_on_error=args.stop_on_error, params=params or None, jobs=args.jobs)
     except FileNotFoundError as err:
         print(err, file=sys.stderr)
         return 2
-    total = sum(r.seconds for r in runs)
-    print(f"{sum(r.ok for r in runs)}/{len(runs)} notebooks ok in {total:.1f} s")
+    total, wall = sum(r.seconds for r in runs), time.perf_counter() - wall
+    print(f"{sum(r.ok for r in runs)}/{len(runs)} notebooks ok in {total:.1f} s"
+          + (f" ({wall:.1f} s of wall time, {args.jobs} at once)" if args.jobs > 1 else ""))
     failed = [r for r in runs if not r.ok]
     for run in failed:
         print(f"\nFAILED: {run.name} (executed copy: {run.output})\n{run.error}", file=sys.stderr)
