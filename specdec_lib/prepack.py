@@ -20,10 +20,11 @@ The packed copy is used only where it is valid, else `F.linear` runs as before:
 
 A kernel that prefers more rows: on this machine oneDNN runs SmolLM2's packed head ~28 % faster for 4 rows than for
 1 (3.0 against 4.1 ms; 2 rows: 4.7 ms), while its layers' weights cost the same for 1-8 rows. So each packed weight
-times itself once per process (1 row against PAD_ROWS, `_pad_pays`) and, where 4 rows win, pads fewer rows with
-zero rows: every one-row step's LM head (the loop's plain steps, autoregressive, HF's own generate on the same
-model) gets the faster kernel, and `rows_free()` tells RowLogits (verify.py) it may compute 4 rows for the price
-of one.
+times itself once per process (PAD_ROWS rows against 1, `_four_over_one`) and, where 4 rows win, pads fewer rows
+with zero rows: every one-row step's LM head (the loop's plain steps, autoregressive, HF's own generate on the same
+model) gets the faster kernel. Where 4 rows cost at most FREE_RATIO x one (a machine whose memory is slow: one
+sitting's VM read the head at 17.3 ms for 1 row, 18.6 ms for 4), `rows_free()` tells RowLogits (verify.py) it may
+compute 4 rows at once: a verify walk that reads 3 rows then pays one read of the head's 113 MB, not three.
 
 Only wide models gain: `load_models(prepack="auto")` packs a model at least MIN_WIDTH wide (hidden size). Below
 that the matrices are small enough for F.linear's kernels to stay cache-resident, and oneDNN's per-call overhead
@@ -45,12 +46,14 @@ from . import compat
 
 MIN_WIDTH = 512  # prepack="auto" packs models at least this wide (hidden size): narrower ones lose (module doc)
 PAD_ROWS = 4  # a packed weight whose kernel runs 4 rows faster than 1 gets fewer rows padded to 4 (module doc)
-_PADS: dict[tuple, bool] = {}  # (in, out, bias, threads) -> whether padding pays, timed once per process
+PAD_RATIO = 0.95  # padding pays where 4 rows take under this x one row's time
+FREE_RATIO = 1.25  # RowLogits computes 4 rows at a time where they take at most this x one row's time
+_PADS: dict[tuple, float] = {}  # (in, out, bias, threads) -> t(PAD_ROWS rows) / t(1 row), timed once per process
 
 
-def _pad_pays(packed, linear, bias, in_features: int, out_features: int, repeats: int = 15) -> bool:
-    """Whether `linear` of PAD_ROWS rows takes under 0.95x its time for one row with this packed weight (medians
-    of `repeats` interleaved calls): measured per weight shape and thread count, once per process."""
+def _four_over_one(packed, linear, bias, in_features: int, out_features: int, repeats: int = 15) -> float:
+    """The time of `linear` of PAD_ROWS rows over its time for one row with this packed weight (medians of
+    `repeats` interleaved calls): measured per weight shape and thread count, once per process."""
     import time
 
     key = (in_features, out_features, bias is not None, torch.get_num_threads())
@@ -63,7 +66,7 @@ def _pad_pays(packed, linear, bias, in_features: int, out_features: int, repeats
                 linear(x, packed, bias)
                 times[rows].append(time.perf_counter() - start)
         median = {rows: sorted(ts)[len(ts) // 2] for rows, ts in times.items()}
-        _PADS[key] = median[PAD_ROWS] < 0.95 * median[1]
+        _PADS[key] = median[PAD_ROWS] / max(median[1], 1e-12)
     return _PADS[key]
 
 
@@ -82,8 +85,8 @@ class PackedLinear(nn.Linear):
         if self.__dict__.get("_packed_version") != version:
             self.__dict__["_packed"] = pack(self.weight)
             self.__dict__["_packed_version"] = version
-            self.__dict__["_pad"] = _pad_pays(self.__dict__["_packed"], linear, self.bias, self.in_features,
-                                                self.out_features)
+            ratio = _four_over_one(self.__dict__["_packed"], linear, self.bias, self.in_features, self.out_features)
+            self.__dict__["_pad"], self.__dict__["_free"] = ratio < PAD_RATIO, ratio <= FREE_RATIO
         rows = x.numel() // self.in_features
         if rows >= PAD_ROWS or not self.__dict__["_pad"]:
             return linear(x, self.__dict__["_packed"], self.bias)
@@ -94,14 +97,14 @@ class PackedLinear(nn.Linear):
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def rows_free(self) -> int:
-        """How many rows one call costs no more than a single row (PAD_ROWS when fewer are padded, else 1):
-        RowLogits computes that many rows at a time."""
-        return PAD_ROWS if self.__dict__.get("_pad") else 1
+        """How many rows one call costs about what a single row costs (PAD_ROWS where 4 rows take at most
+        FREE_RATIO x one row's time, else 1): RowLogits computes that many rows at a time."""
+        return PAD_ROWS if self.__dict__.get("_free") else 1
 
     def __getstate__(self):
         # the packed tensor is opaque (no storage to copy or pickle): copies repack on their first forward
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
-        return {k: v for k, v in state.items() if k not in ("_packed", "_packed_version", "_pad")}
+        return {k: v for k, v in state.items() if k not in ("_packed", "_packed_version", "_pad", "_free")}
 
 
 def available() -> bool:
@@ -127,6 +130,7 @@ def unpack(model: nn.Module) -> int:
             module.__dict__.pop("_packed", None)
             module.__dict__.pop("_packed_version", None)
             module.__dict__.pop("_pad", None)
+            module.__dict__.pop("_free", None)
             module.__class__ = nn.Linear
             count += 1
     return count

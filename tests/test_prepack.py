@@ -33,11 +33,13 @@ def test_same_outputs_as_f_linear(rows):
 
 
 def test_padded_rows_give_the_same_outputs_and_rowlogits_reads_four_at_a_time(monkeypatch):
-    """Where 4 rows run faster than 1 (_pad_pays, forced here), fewer rows are zero-padded to 4: the same outputs
-    for 1-3 rows and a 1-D input, rows_free() says 4, and RowLogits computes a read row with the next 3."""
+    """Where 4 rows run faster than 1 (_four_over_one, forced here), fewer rows are zero-padded to 4: the same
+    outputs for 1-3 rows and a 1-D input, rows_free() says 4, and RowLogits computes a read row with the next 3.
+    Where 4 rows cost a little more than 1 (a slow memory's head), no padding but 4 rows free; where they cost
+    much more, neither."""
     from specdec_lib.mechanisms.verify import RowLogits
 
-    monkeypatch.setattr(prepack, "_pad_pays", lambda *args, **kwargs: True)
+    monkeypatch.setattr(prepack, "_four_over_one", lambda *args, **kwargs: 0.7)
     layer, plain = packed_layer(seed=1)
     with torch.no_grad():
         for x in (torch.randn(48), torch.randn(1, 48), torch.randn(1, 2, 48), torch.randn(3, 48)):
@@ -49,11 +51,13 @@ def test_padded_rows_give_the_same_outputs_and_rowlogits_reads_four_at_a_time(mo
         assert torch.allclose(rows[1], plain(hidden[1]), atol=1e-5)
         assert sorted(rows._rows) == [1, 2, 3, 4]  # the read row and the next three, in one call
         assert torch.allclose(rows[5], plain(hidden[5]), atol=1e-5) and sorted(rows._rows) == [1, 2, 3, 4, 5]
-    monkeypatch.setattr(prepack, "_pad_pays", lambda *args, **kwargs: False)
-    unpadded, _ = packed_layer(seed=2)
-    with torch.no_grad():
-        unpadded(torch.randn(2, 48))
-    assert unpadded.rows_free() == 1
+    for ratio, pad, free in ((1.07, False, prepack.PAD_ROWS), (2.0, False, 1)):
+        monkeypatch.setattr(prepack, "_four_over_one", lambda *args, **kwargs: ratio)
+        unpadded, plain = packed_layer(seed=2)
+        x = torch.randn(2, 48)
+        with torch.no_grad():
+            assert torch.allclose(unpadded(x), plain(x), atol=1e-5, rtol=1e-5)
+        assert unpadded.__dict__["_pad"] is pad and unpadded.rows_free() == free
 
 
 def test_training_reads_the_live_weight_and_a_step_repacks():
