@@ -12,7 +12,8 @@ JupyterLab draws the saved widgets of trusted notebooks only, and these outputs 
 notebook is printed, and the exit status is non-zero, naming the notebook and the error, when any cell fails.
 Every output a cell wrote to stderr (what Jupyter draws as a red box: a warning, a library's log line) is listed
 after the notebook's time; with --fail-on-stderr such an output fails the run (the tests and the drift check
-use it: the workbook's pages carry no warnings).
+use it: the workbook's pages carry no warnings). With --jobs N, N notebooks run at once, each kernel given its share
+of the cores (the tests run their SMOKE workbooks two at a time: CI's time; a --full run measures speeds, so one).
 
 Why our own runner and not papermill or nbmake (both were considered; both sit on nbclient, like this one):
 - papermill does what `inject_parameters` does (a cell after the one tagged `parameters`) and writes executed
