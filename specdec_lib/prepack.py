@@ -48,7 +48,7 @@ MIN_WIDTH = 512  # prepack="auto" packs models at least this wide (hidden size):
 PAD_ROWS = 4  # a packed weight whose kernel runs 4 rows faster than 1 gets fewer rows padded to 4 (module doc)
 PAD_RATIO = 0.95  # padding pays where 4 rows take under this x one row's time
 FREE_RATIO = 1.25  # RowLogits computes 4 rows at a time where they take at most this x one row's time
-_PADS: dict[tuple, float] = {}  # (in, out, bias, threads) -> t(PAD_ROWS rows) / t(1 row), timed once per process
+_FOUR_OVER_ONE: dict[tuple, float] = {}  # (in, out, bias, threads) -> t(PAD_ROWS rows) / t(1 row), timed once per process
 
 
 def _four_over_one(packed, linear, bias, in_features: int, out_features: int, repeats: int = 15) -> float:
@@ -57,7 +57,7 @@ def _four_over_one(packed, linear, bias, in_features: int, out_features: int, re
     import time
 
     key = (in_features, out_features, bias is not None, torch.get_num_threads())
-    if key not in _PADS:
+    if key not in _FOUR_OVER_ONE:
         one, four = torch.randn(1, in_features), torch.randn(PAD_ROWS, in_features)
         times = {1: [], PAD_ROWS: []}
         for _ in range(repeats):
@@ -66,8 +66,8 @@ def _four_over_one(packed, linear, bias, in_features: int, out_features: int, re
                 linear(x, packed, bias)
                 times[rows].append(time.perf_counter() - start)
         median = {rows: sorted(ts)[len(ts) // 2] for rows, ts in times.items()}
-        _PADS[key] = median[PAD_ROWS] / max(median[1], 1e-12)
-    return _PADS[key]
+        _FOUR_OVER_ONE[key] = median[PAD_ROWS] / max(median[1], 1e-12)
+    return _FOUR_OVER_ONE[key]
 
 
 class PackedLinear(nn.Linear):

@@ -84,7 +84,11 @@ def ensure_smol_dir(progress: bool = True) -> Path:
     source = gguf_path()
     out = smol_dir()
     stamp_file = out / "source.json"
-    if stamp_file.is_file() and json.loads(stamp_file.read_text()) == _source_stamp(source):
+
+    def written() -> bool:  # a directory written from this GGUF is there
+        return stamp_file.is_file() and json.loads(stamp_file.read_text()) == _source_stamp(source)
+
+    if written():
         return out
     for module, why in (("gguf", "reads the GGUF file"), ("accelerate", "transformers asks for it to load a GGUF")):
         if importlib.util.find_spec(module) is None:
@@ -118,7 +122,7 @@ def ensure_smol_dir(progress: bool = True) -> Path:
         fresh.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / "source.json").write_text(json.dumps(_source_stamp(source)))
-        if stamp_file.is_file() and json.loads(stamp_file.read_text()) == _source_stamp(source):
+        if written():
             return out  # another process (a notebook run beside this one) wrote it meanwhile: theirs is as good
         if out.exists():
             shutil.rmtree(out, ignore_errors=True)

@@ -58,7 +58,7 @@ def test_measure_caches_on_disk_keyed_by_model_and_dtype(tmp_path, monkeypatch):
     C.CostCurve.measure(model.to(torch.float32), rows=(1, 4), repeats=1)
     C.CostCurve.measure(random_lm(seed=4, layers=3, context=256), rows=(1, 4), repeats=1)
     assert len(list((tmp_path / "costs").glob("curve_*.json"))) == 3
-    # one CPU name has come with and without AVX2 (2.5x apart): the vector unit is in the key
+    # one CPU name covers several generations: the vector unit torch's kernels use is in the key
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
     monkeypatch.setattr(C, "_MEMO", {})
     assert ":DEFAULT:" in C.model_key(model)["device"]

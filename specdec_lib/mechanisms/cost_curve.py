@@ -55,8 +55,8 @@ def _device_name(device) -> str:
 
     if device.type == "cuda":
         return f"cuda:{torch.cuda.get_device_name(device)}"
-    # cost depends on the threads and on the vector unit torch's kernels use: one cloud "AMD EPYC" name has been
-    # both a CPU with AVX2 and one without (2.5x slower), and a curve of one must not price the other
+    # cost depends on the threads and on the vector unit torch's kernels use (AVX2, AVX512, ...): a cloud CPU name
+    # such as "AMD EPYC" covers several generations, and a curve of one must not price another
     return (f"{device.type}:{cpu_model_name()}:{torch.backends.cpu.get_cpu_capability()}:"
             f"{torch.get_num_threads()} threads")
 

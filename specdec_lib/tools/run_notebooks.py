@@ -190,7 +190,7 @@ def run_all(out_dir, smoke: bool = False, pattern: str = "*.ipynb", notebooks_di
     jobs: notebooks run at once (each on its own kernel, `kernel_threads(jobs)` threads each). The SMOKE runs
     set one thread, so on a 2-core machine two of them side by side take about half the time of one after the
     other (the tests run them so). A FULL run measures speeds: keep it at one job. The runs come back in the
-    notebooks' order; with stop_on_error and jobs > 1, the notebooks not started when one fails are skipped."""
+    notebooks' order; with stop_on_error, the notebooks not started when one fails are skipped."""
     from concurrent.futures import ThreadPoolExecutor
 
     paths = find_notebooks(notebooks_dir, pattern)
@@ -213,15 +213,9 @@ def run_all(out_dir, smoke: bool = False, pattern: str = "*.ipynb", notebooks_di
             failed.append(run)
         return run
 
-    if jobs == 1:
-        runs = []
-        for path in paths:
-            runs.append(one(path))
-            if failed and stop_on_error:
-                break
-    else:  # threads suffice: each notebook's work is in its kernel, a process of its own
-        with ThreadPoolExecutor(jobs) as pool:
-            runs = [run for run in pool.map(one, paths) if run is not None]
+    # threads suffice: each notebook's work is in its kernel, a process of its own
+    with ThreadPoolExecutor(jobs) as pool:
+        runs = [run for run in pool.map(one, paths) if run is not None]
     offline_views.write_index(out_dir, [Path(r.name).stem for r in runs])
     return runs
 
