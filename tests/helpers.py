@@ -51,12 +51,29 @@ def random_lm(kind: str = "llama", vocab: int = 97, layers: int = 2, hidden: int
     return model
 
 
+_HEADS: dict[tuple, object] = {}  # heads trained in this process, by the target's weights and the steps
+
+
+def _fingerprint(target) -> tuple:
+    """The same random model built twice (two tests, one seed) has the same config and the same weights."""
+    import hashlib
+
+    digest = hashlib.sha256(target.config.to_json_string().encode())
+    for tensor in target.state_dict().values():
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return type(target).__name__, digest.hexdigest()
+
+
 def with_head(target, steps: int = 150):
-    """`target` with an EAGLE head trained here on its own greedy text (random models ship none)."""
+    """`target` with an EAGLE head trained here on its own greedy text (random models ship none): trained once per
+    model and steps in a process (quick_head is seeded: a second training would give the same head)."""
     from specdec_lib.eagle_head import attach_head
     from specdec_lib.tools.train_eagle import quick_head
 
-    attach_head(target, quick_head(target, steps=steps, sequences=8, length=64))
+    key = (_fingerprint(target), steps)
+    if key not in _HEADS:
+        _HEADS[key] = quick_head(target, steps=steps, sequences=8, length=64)
+    attach_head(target, _HEADS[key])
     return target
 
 

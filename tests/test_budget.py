@@ -5,7 +5,9 @@ budgets; flat curve: large ones); auto is lossless (greedy parity, seeded sampli
 on-disk curve cache is reused and keyed by device / model / dtype."""
 from __future__ import annotations
 
+import itertools
 import json
+import math
 
 import numpy as np
 import pytest
@@ -38,6 +40,28 @@ def test_curve_interpolates_and_extends():
         C.CostCurve.from_points({1: -1.0})
 
 
+def test_estimated_costs_time_nothing_and_write_nothing(tmp_path, monkeypatch):
+    """SPECDEC_COSTS=estimate (every test but those marked measures_costs): a curve from the parameter count,
+    1 ms a million weights for a row and 1/64 of that for each further row, with no forward timed or file written."""
+    from specdec_lib.mechanisms import step_cost
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setenv(C.ESTIMATE_ENV, "estimate")
+    monkeypatch.setattr(C, "_MEMO", {})
+    monkeypatch.setattr(step_cost, "verify_cost", lambda *a, **k: pytest.fail("a cost was timed"))
+    model = random_lm(seed=3, context=256)
+    million = sum(p.numel() for p in model.parameters()) / 1e6
+    curve = C.CostCurve.measure(model, rows=(1, 65))
+    assert curve.ms.tolist() == pytest.approx([million, 2 * million])  # 65 rows: 1 + 64/64 = 2x one row
+    costs = C.ContextCosts.measure(model, upto=5000, prefixes=(64, 128, 4096))  # 4096 clipped to the context: 128
+    assert costs.prefixes == [64, 128] and costs(1, context=3000) == pytest.approx(million)
+    assert not (tmp_path / "costs").exists()
+    monkeypatch.setenv(C.ESTIMATE_ENV, "fast")
+    with pytest.raises(ValueError, match="SPECDEC_COSTS must be unset"):
+        C.CostCurve.measure(model)
+
+
+@pytest.mark.measures_costs
 def test_measure_caches_on_disk_keyed_by_model_and_dtype(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     monkeypatch.setattr(C, "_MEMO", {})
@@ -78,9 +102,10 @@ def test_chain_budget_follows_the_curve():
     chooser = B.ChainBudget(FLAT, max_len=3, strength=1e-9, explore=0.0, decay=1.0)  # plain counts
     chooser.record(3, 1)  # depth 1 accepted, depth 2 rejected, depth 3 not reached
     chooser.record(3, 3)
-    a = chooser.rates()
-    assert np.allclose(a[:2], [1.0, 0.5])
-    assert np.isclose(chooser.expected_tokens()[3], 1 + a[0] + a[0] * a[1] + a[0] * a[1] * a[2])
+    # reached: depth 1 twice, depth 2 twice, depth 3 once; accepted: depth 1 twice, depth 2 once, depth 3 once
+    assert np.allclose(chooser.rates(), [1.0, 0.5, 1.0])
+    # by hand: 1 + 1 + 1 x 0.5 + 1 x 0.5 x 1 = 3 tokens for g = 3 (2 and 2.5 for g = 1, 2)
+    assert np.allclose(chooser.expected_tokens(), [1.0, 2.0, 2.5, 3.0])
 
 
 def test_chain_budget_forgets_an_easy_opening():
@@ -120,9 +145,11 @@ def test_tree_budget_follows_the_curve():
     # time since the last covers what it is expected to lose
     bounded = B.TreeBudget(STEEP, ladder, probe_every=2, trial_share=0.03)
     bounded.record(yields, verified=4)
-    tokens, cost = bounded.estimates()
-    wait = int(np.ceil((cost[1] - tokens[1] * cost[0] / tokens[0]) / (0.03 * cost[0])))
-    assert bounded.probe_wait(0) == wait > 2
+    # by hand: the level (2 + 1) / (1 + 1) = 1.5 tokens, so 4 yields 1.5 x 3 / 3 = 1.5 and 16 yields 1.5 x 4 / 3 = 2
+    # tokens; STEEP prices 5 rows at 50 ms and 17 at 170 ms; a probe at 16 loses 170 - 2 x 50 / 1.5 = 103.3 ms
+    # against 4's speed, which 3 % of 50 ms steps covers after ceil(103.3 / 1.5) = 69 of them
+    wait = 69
+    assert bounded.probe_wait(0) == wait
     assert [bounded.choose()[0] for _ in range(2 * wait)] == ([4] * (wait - 1) + [16]) * 2
 
 
@@ -156,9 +183,11 @@ def test_tree_budget_learns_how_far_past_a_censored_bound_a_larger_tree_goes():
     assert chooser.extra_sum / chooser.extra_weight == pytest.approx(2.0)
     before = chooser.tokens[2]
     chooser.record({16: (2, 17), 64: (3, 65, True)}, verified=16)  # 64 holds the whole path: at least 3
-    added = chooser.tokens[2] - before * chooser.decay
-    assert added == pytest.approx(3 + (chooser.extra_sum + 0.5) / (chooser.extra_weight + 1.0))
-    assert 4.9 < added < 5.0  # the bound + about 2 learnt tokens, not the bound alone
+    added = chooser.tokens[2] - before * 0.97
+    # by hand: 50 steps each 2 tokens past the bound, decayed by 0.97 a step: weight W = sum_k<50 0.97^k
+    # = (1 - 0.97^50) / 0.03 = 26.0645, sum 2 W; with the prior (half a token, one pseudo-step) the extra is
+    # (2 W + 0.5) / (W + 1) = 52.629 / 27.0645 = 1.94458 past the bound 3
+    assert added == pytest.approx(4.94458, abs=1e-5)  # the bound + about 2 learnt tokens, not the bound alone
 
 
 def test_tree_budget_switches_only_past_the_margin():
@@ -272,11 +301,18 @@ DEAR = C.CostCurve.from_points({1: 10.0, 2: 17.0, 64: 450.0})      # every row c
 KERNEL = C.CostCurve.from_points({1: 10.0, 2: 18.0, 8: 19.0, 64: 40.0})  # a kernel switch at 2 rows, flat after
 
 
-def _chain_speeds(chooser, curve, top):
-    """Expected tokens per ms of g = 0..top drafts, by the formula, from the chooser's own per-depth rates."""
-    a = chooser.rates()
-    tokens = [1.0 + sum(np.prod(a[:d]) for d in range(1, g + 1)) for g in range(top + 1)]
-    return [tokens[g] / (chooser.draft_ms(g) + curve(g + 1)) for g in range(top + 1)]
+def _chain_speeds(rate, curve, top):
+    """Expected tokens per ms of g = 0..top drafts (drafting free), each depth accepted independently with
+    probability `rate`: E[tokens | g] by enumerating the 2^g accept/reject outcomes of the g drafts (the accepted
+    prefix + the target's own token), over t(g + 1)."""
+    speeds = []
+    for g in range(top + 1):
+        tokens = 0.0
+        for outcome in itertools.product([True, False], repeat=g):
+            accepted = next((i for i, ok in enumerate(outcome) if not ok), g)  # up to the first rejection
+            tokens += math.prod(rate if ok else 1 - rate for ok in outcome) * (accepted + 1)
+        speeds.append(tokens / curve(g + 1))
+    return speeds
 
 
 @pytest.mark.parametrize("curve, rate, expected", [(CHEAP, 0.6, "draft"), (DEAR, 0.6, 0), (KERNEL, 0.6, "draft"),
@@ -289,7 +325,7 @@ def test_chain_budget_picks_the_best_expected_speed_on_synthetic_curves(curve, r
     chooser = B.ChainBudget(curve, max_len=12, explore=0.0, strength=1e-9)
     for d in range(1, 13):  # per-depth rates exactly `rate`: reached 1000 times, accepted rate x 1000
         chooser.reached[d], chooser.accepted[d] = 1000, 1000 * rate
-    speeds = _chain_speeds(chooser, curve, 12)
+    speeds = _chain_speeds(rate, curve, 12)
     g = chooser.choose()
     assert g == int(np.argmax(speeds)), (g, speeds)
     assert (g == 0) == (expected == 0), (g, speeds)
@@ -311,9 +347,10 @@ def test_chain_budget_probes_a_draft_after_plain_steps():
     assert picks[:4] == [0] * 4 and picks[4] >= 1 and picks[5:9] == [0] * 4 and picks[9] >= 1, picks
     assert B.ChainBudget(DEAR, max_len=8, plain=False).choose() >= 1  # plain=False: always a chain
     bounded = acceptance_30(B.ChainBudget(DEAR, max_len=8, explore=0.0, probe_every=5, trial_share=0.03))
-    lost = DEAR(2) - bounded.expected_tokens()[1] * DEAR(1)  # a probe at g = 1: 17 ms for about 1.43 tokens
-    wait = int(np.ceil(lost / (0.03 * DEAR(1))))
-    assert bounded.probe_wait(1) == wait > 5
+    # by hand: every depth's rate is (30 + 0.3 x 2) / (100 + 2) = 0.3 (the pooled rate is 0.3 too), so a probe at
+    # g = 1 costs 17 ms for 1.3 tokens: 17 - 1.3 x 10 = 4 ms lost, covered by 3 % of ceil(4 / 0.3) = 14 plain steps
+    wait = 14
+    assert bounded.probe_wait(1) == wait
     picks = [bounded.choose() for _ in range(2 * wait)]
     assert picks == ([0] * (wait - 1) + [1]) * 2, picks
 
@@ -476,6 +513,7 @@ def test_context_costs_interpolate_in_the_prefix_and_never_fall():
     assert C.CostCurve.from_points({1: 5.0}).at(10**6)(1) == 5.0  # one curve serves every context
 
 
+@pytest.mark.measures_costs
 def test_context_costs_measure_each_prefix_once(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     monkeypatch.setattr(C, "_MEMO", {})

@@ -15,6 +15,8 @@ alpha = 1e-3 over the choice of seeds.
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -187,8 +189,23 @@ def check_sampling(method, peaked, setting):
                           **drafting(method))
 
 
-@pytest.mark.parametrize("setting", list(SETTINGS))
-@pytest.mark.parametrize("method", ALL)
+# HF's decoders that make test samples through "hf" alone: all three take their sampling settings from one
+# function (methods/peers.py `_generation_config`); what HF does with them is HF's, checked in make test-full
+HF_SAMPLED_IN_FULL = {"hf_prompt_lookup", "hf_assisted"}
+
+
+def _sampling_grid():
+    """Every method under every setting; `make test` runs each method under one setting, the settings taken in
+    turn (each setting still runs for a third of the methods, and sampling.probs' top_k / top_p are shared by all),
+    `make test-full` the whole grid. A negative control of each kind below runs in both tiers."""
+    for i, method in enumerate(ALL):
+        for j, setting in enumerate(SETTINGS):
+            fast = j == i % len(SETTINGS) and method not in HF_SAMPLED_IN_FULL
+            marks = () if fast else (pytest.mark.full,)
+            yield pytest.param(method, setting, marks=marks, id=f"{method}-{setting}")
+
+
+@pytest.mark.parametrize("method, setting", list(_sampling_grid()))
 def test_sampling_matches_the_target_distribution(peaked, method, setting):
     report = check_sampling(method, peaked, setting)
     assert report.passed, str(report)
@@ -212,7 +229,9 @@ WRONG = {
 }
 
 
-@pytest.mark.parametrize("wrong", list(WRONG))
+# make test: the wrong acceptance rule (the residual's control is the same check with another wrong rule)
+@pytest.mark.parametrize("wrong", [w if w == "accept_iff_p_ge_q" else pytest.param(w, marks=pytest.mark.full)
+                                   for w in WRONG])
 def test_negative_control_wrong_speculative_rule_fails(peaked, monkeypatch, wrong):
     name, rule = WRONG[wrong]
     monkeypatch.setattr(verify, name, rule)
@@ -220,7 +239,7 @@ def test_negative_control_wrong_speculative_rule_fails(peaked, monkeypatch, wron
     assert not report.passed, str(report)
 
 
-@pytest.mark.parametrize("method", ["cacheback", "prompt_lookup"])
+@pytest.mark.parametrize("method", ["cacheback", pytest.param("prompt_lookup", marks=pytest.mark.full)])
 def test_negative_control_lossy_tree_walk_fails(peaked, monkeypatch, method):
     """A Medusa-style "typical acceptance" walk (take the most probable drafted child whenever p gives it at
     least 0.2): fast but lossy. It must fail the test the library's walk passes."""
@@ -249,8 +268,10 @@ def test_negative_control_lossy_tree_walk_fails(peaked, monkeypatch, method):
 
 # ---------------------------------------------------------------- the drafter drafts during decoding
 
+@functools.lru_cache(maxsize=1)
 def _looping_case():
-    """A prompt of distinct tokens after which greedy decoding falls into a loop that the prompt never shows."""
+    """A prompt of distinct tokens after which greedy decoding falls into a loop that the prompt never shows
+    (built once: two tests read it, neither changes it)."""
     target = with_head(random_lm("llama", vocab=97, layers=2, seed=11, logit_scale=20.0))
     prompt = torch.randperm(97, generator=torch.Generator().manual_seed(5))[:16][None]
     return target, prompt

@@ -142,16 +142,43 @@ def test_bench_figure_bars_equal_summary():
     assert list(indexed.data[0].y) == summary["tokens_per_s"].tolist()
 
 
-def test_acceptance_figure_and_explorer():
+def test_acceptance_figure_and_explorer(monkeypatch):
     result = GenerationResult(new_tokens=list(range(9)), accept_lengths=[1, 3, 1, 4], target_forwards=4,
                               method="demo")
     fig = viz.acceptance_figure(result)
     assert list(fig.data[0].y) == [1, 3, 1, 4] and list(fig.data[0].x) == [0, 1, 2, 3]
+    # the explorer redraws into an Output only inside IPython (viz.common.render): stand in for it and keep what
+    # it displays (with plotly's widget support installed, the view is a FigureWidget mutated in place instead)
+    import IPython
+    import IPython.display
+
+    drawn = []
+    monkeypatch.setattr(IPython, "get_ipython", lambda: object())
+    monkeypatch.setattr(IPython.display, "display", lambda *objs, **_: drawn.extend(objs))
     box = viz.speedup_explorer(cost_ratio=0.25, alpha=0.7, gamma=3)
     sliders = {w.description: w for row in box.children[:2] for w in row.children}
     assert sliders["alpha"].value == 0.7 and sliders["gamma"].value == 3
     assert sliders["cost ratio c"].value == 0.25
-    sliders["gamma"].value = 5  # moving a slider re-renders without error
+    view = box.children[2]
+    shown = lambda: view if isinstance(view, go.FigureWidget) else drawn[-1]  # noqa: E731
+
+    def speedup(gamma):  # E[tokens] by enumeration over gamma * c + 1 (verify overhead 1), alpha 0.7, c 0.25
+        return brute_force_tokens(0.7, gamma) / (gamma * 0.25 + 1.0)
+
+    curve, chosen = shown().data
+    assert list(curve.x) == list(range(1, 17)) and list(curve.y) == pytest.approx([speedup(g) for g in range(1, 17)])
+    # gamma 3: (1 + .7 + .49 + .343) / 1.75 = 2.533 / 1.75 = 1.4474
+    assert list(chosen.x) == [3] and chosen.y[0] == pytest.approx(1.44743, abs=1e-5) == speedup(3)
+    renders = len(drawn)
+    sliders["gamma"].value = 5  # moving a slider re-renders: the chosen point and the title follow gamma
+    assert isinstance(view, go.FigureWidget) or len(drawn) == renders + 1
+    fig = shown()
+    curve, chosen = fig.data
+    assert list(curve.y) == pytest.approx([speedup(g) for g in range(1, 17)])  # the curve does not depend on gamma
+    # gamma 5: E[tokens] = 1 + .7 + .49 + .343 + .2401 + .16807 = 2.94117, over 5 x 0.25 + 1 = 2.25: 1.30719
+    assert list(chosen.x) == [5] and chosen.y[0] == pytest.approx(1.30719, abs=1e-5) == speedup(5)
+    assert chosen.name == "gamma=5: 1.31x"
+    assert "E[tokens/step]=2.94" in fig.layout.title.text and "speedup=1.31x" in fig.layout.title.text
 
 
 def test_the_formula_is_drawn_with_the_measured_points_over_it():

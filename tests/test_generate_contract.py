@@ -60,8 +60,11 @@ def test_seeded_sampling_is_reproducible_and_varies():
     assert generate("autoregressive", target, ids, 20, temperature=2.0, top_k=1, seed=3).new_tokens == greedy
 
 
+@pytest.mark.full
 def test_first_token_distribution_matches_target():
-    """The autoregressive sampler draws the first token from softmax(logits / T): chi-square over 3000 seeds."""
+    """The autoregressive sampler draws the first token from softmax(logits / T): chi-square over 3000 seeds.
+    make test: the contract's autoregressive sampling test checks the joint law of the first tokens, this one's
+    marginal with it (tests/test_contract.py::test_sampling_matches_the_target_distribution)."""
     target = random_lm("llama", vocab=11, seed=7, logit_scale=30.0)
     ids = torch.tensor([[1, 2, 3]])
     with torch.no_grad():

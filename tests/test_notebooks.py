@@ -62,10 +62,14 @@ def test_notebook_runs_in_smoke_mode(path, smoke_workbook):
     assert (run.html.parent / offline_views.PLOTLY_JS).exists()
 
 
+@pytest.mark.full
+@pytest.mark.real_pair_workbook
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_on_the_real_pair(path, smol_workbook):
     """MODELS = "smol": the same notebook on SmolLM2-135M-Instruct (49k-token vocabulary, chat template, GQA) and
-    its exit draft, with no error and nothing on stderr (no warning box, e.g. a missing frozen table)."""
+    its exit draft, with no error and nothing on stderr (no warning box, e.g. a missing frozen table). In make
+    test-full, and in make test whenever what it reads changed since the last full run (tests/real_pair_stamp.py);
+    the methods it runs are checked on the real pair in make test by tests/test_smol.py."""
     run = smol_workbook["runs"][path.name]
     assert run.ok, f"{run.name} failed with MODELS='smol':\n{run.error}"
     nb = nbformat.read(run.output, as_version=4)
@@ -171,13 +175,14 @@ def test_poll_in_slices_picks_up_a_reply_a_long_poll_misses():
     run_notebooks._poll_shell_in_slices(client, slice_s=0.1)
     start = time.monotonic()
     reply = asyncio.run(client.kc.shell_channel.get_msg(timeout=30.0))
-    assert reply["msg_type"] == "execute_reply" and time.monotonic() - start < 1.0
+    # a missed wake-up waits the whole 30 s; 10 s is slack for a loaded, shared machine
+    assert reply["msg_type"] == "execute_reply" and time.monotonic() - start < 10.0
     client.kc.shell_channel = _MissedWakeUpChannel(reply_after_s=60.0)
     run_notebooks._poll_shell_in_slices(client, slice_s=0.1)
     start = time.monotonic()
     with pytest.raises(Empty):  # and it still gives up at the cell timeout
         asyncio.run(client.kc.shell_channel.get_msg(timeout=0.5))
-    assert 0.5 <= time.monotonic() - start < 1.0
+    assert 0.5 <= time.monotonic() - start < 10.0  # the reply comes at 60 s: it gave up at its own timeout
 
 
 def test_static_fallbacks_draw_plots_and_snapshot_explorers():
@@ -226,7 +231,8 @@ def test_a_collapsed_solution_stays_collapsed_on_the_page(tmp_path):
     assert page.index("specdec-collapsed-output") < page.rindex("424242")  # the printed one comes last
 
 
-@pytest.mark.parametrize("name", ["02_draft_trees_and_tree_masks.ipynb", "05_flexattention_block_layout.ipynb"])
+@pytest.mark.parametrize("name", ["02_draft_trees_and_tree_masks.ipynb",  # make test: one notebook takes the tolerance
+                                  pytest.param("05_flexattention_block_layout.ipynb", marks=pytest.mark.full)])
 def test_an_exactness_notebook_runs_in_bfloat16(name, tmp_path, monkeypatch):
     """A GPU's dtype: in bfloat16 the same logits computed two ways differ by ~0.1, so these notebooks' checks
     (a tree row against the sequential forward, compaction, the store's verify row) used to fail at 1e-3; they now

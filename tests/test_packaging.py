@@ -30,7 +30,25 @@ def test_makefile_pins_torch_and_ci_calls_make_test():
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make test" in ci
     readme = (ROOT / "README.md").read_text()
-    assert "make test" in readme and "make workbook" in readme
+    assert "make test" in readme and "make workbook" in readme and "make test-full" in readme
+
+
+def test_both_tiers_run_on_every_core_with_a_hang_limit():
+    """make test: the fast tier (and the real pair's workbook when its stamp is stale), make test-full: every test;
+    both on pytest-xdist workers (kernel tests on one: tests/conftest.py) with pytest-timeout's limit, which the dev extra,
+    environment.yml and the lock all carry."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^PYTEST := .*-n auto", makefile, re.M)
+    assert re.search(r"^test: .*\n\t\$\(PYTEST\) -m \"\$\$\(\$\(BIN\)/python tests/real_pair_stamp\.py --marker\)\" tests$",
+                     makefile, re.M)
+    assert re.search(r"^test-full: .*\n\t.*\$\(PYTEST\) tests && .*real_pair_stamp\.py --record", makefile, re.M)
+    dev = {re.split(r"[<>=]", spec)[0] for spec in _pyproject()["project"]["optional-dependencies"]["dev"]}
+    assert {"pytest-xdist", "pytest-timeout"} <= dev
+    env, lock = (ROOT / "environment.yml").read_text(), _lock()
+    for name in ("pytest-xdist", "pytest-timeout"):
+        assert re.search(rf"^\s*- {name}>=", env, re.M) and name in lock, name
+    options = _pyproject()["tool"]["pytest"]["ini_options"]
+    assert 0 < options["timeout"] <= 900 and options["timeout_method"] == "thread"
 
 
 def test_notebooks_are_committed_without_outputs():
@@ -114,3 +132,38 @@ def test_layers_import_only_downward():
                     names = [a.name for a in node.names] if not node.module and not base else []
                     for name in [top] + names:
                         assert name not in banned, f"{path.relative_to(ROOT)} imports {name}/ ({ast.unparse(node)})"
+
+
+def test_real_pair_stamp_runs_the_workbook_when_what_it_reads_changed(tmp_path, monkeypatch):
+    """make test adds the real pair's workbook exactly when a watched file (a notebook, the model code) differs
+    from the last full run's stamp; a change elsewhere (a method: tests/test_smol.py runs them on the real pair)
+    does not."""
+    import real_pair_stamp as stamp
+
+    monkeypatch.setattr(stamp, "ROOT", tmp_path)
+    monkeypatch.setattr(stamp, "STAMP", tmp_path / "stamp.json")
+    for name, text in {"notebooks/00_loop.ipynb": "{}", "specdec_lib/smol.py": "A = 1\n",
+                       "specdec_lib/methods/card.py": "B = 1\n"}.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert stamp.marker() == stamp.WITH_REAL_PAIR  # no full run recorded
+    stamp.record(seconds=12.3)
+    assert stamp.marker() == stamp.FAST
+    (tmp_path / "specdec_lib/methods/card.py").write_text("B = 2\n")
+    assert stamp.marker() == stamp.FAST
+    for name in ("notebooks/00_loop.ipynb", "specdec_lib/smol.py"):
+        before = (tmp_path / name).read_text()
+        (tmp_path / name).write_text(before + " ")
+        assert stamp.marker() == stamp.WITH_REAL_PAIR, name
+        (tmp_path / name).write_text(before)
+        assert stamp.marker() == stamp.FAST
+    (tmp_path / "notebooks/01_new.ipynb").write_text("{}")  # a new notebook is a change too
+    assert stamp.marker() == stamp.WITH_REAL_PAIR
+
+
+def test_real_pair_stamp_watches_files_that_exist():
+    """Every watched pattern matches a file of the repository (a moved module must be watched where it now is)."""
+    import real_pair_stamp as stamp
+
+    for pattern in stamp.WATCHED:
+        assert any(p.is_file() for p in ROOT.glob(pattern)), f"{pattern} matches nothing: update WATCHED"

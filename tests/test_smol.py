@@ -19,6 +19,18 @@ def smol_pair():
     return sd.load_models("smol", device="cpu", dtype="float64")
 
 
+@pytest.fixture(scope="module")
+def small_table(smol_pair, tmp_path_factory):
+    """A frozen table of SmolLM2's tokenizer counted from a few files of the standard-library corpus (seconds; the
+    default table of the whole corpus takes a minute or two: test_frozen_table_follows_the_pairs_tokenizer)."""
+    from specdec_lib.corpus import stdlib_files
+    from specdec_lib.tables import ensure_frozen_table
+
+    texts = [path.read_text(errors="replace") for _, path in stdlib_files()[:30]]
+    return ensure_frozen_table(smol_pair.tokenizer, 1, 3, texts=texts, corpus_tag="stdlib-30-files",
+                               cache_dir=tmp_path_factory.mktemp("smol_tables"), progress=False)
+
+
 def test_missing_wheel_says_what_to_install(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == smol.SMOL_PACKAGE else real(name, *a))
@@ -59,22 +71,25 @@ LOSSLESS = ["autoregressive", "prompt_lookup", "cacheback", "draft_model", "look
             "card@mode=thread", "card@mode=process", "hf_prompt_lookup", "hf_assisted", "eagle"]
 
 
-def test_every_method_is_lossless_on_the_real_pair(smol_pair):
+@pytest.mark.parametrize("prompt", [
+    {"prompt": "def fib(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", "category": "humaneval"},
+    # make test: the humaneval prompt (the chat template, GQA, the 49k vocabulary are the same for both)
+    pytest.param({"prompt": "# Before:\nx = compute(a)\nprint(x)\n\n# After (`x` renamed to `value`):\n",
+                  "category": "editing"}, marks=pytest.mark.full)], ids=["humaneval", "editing"])
+def test_every_method_is_lossless_on_the_real_pair(smol_pair, small_table, prompt):
     from specdec_lib.bench.harness import parse_variant
 
-    prompts = [{"prompt": "def fib(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", "category": "humaneval"},
-               {"prompt": "# Before:\nx = compute(a)\nprint(x)\n\n# After (`x` renamed to `value`):\n",
-                "category": "editing"}]
     assert {m.partition("@")[0] for m in LOSSLESS} | {"hf"} == set(sd.METHODS), "a method is missing from this test"
-    for prompt in prompts:
-        ids = smol_pair.encode_prompt(prompt)
-        ref = sd.generate("hf", smol_pair.target, ids, 20).new_tokens
-        for label in LOSSLESS:
-            method, kwargs = parse_variant(label)
-            if sd.METHODS[method].accepts("tokenizer"):
-                kwargs["tokenizer"] = smol_pair.tokenizer
-            out = sd.generate(method, smol_pair.target, ids, 20, draft=smol_pair.draft, **kwargs)
-            assert out.new_tokens == ref, f"{label} differs from hf on {prompt['prompt'][:20]!r}"
+    ids = smol_pair.encode_prompt(prompt)
+    ref = sd.generate("hf", smol_pair.target, ids, 20).new_tokens
+    for label in LOSSLESS:
+        method, kwargs = parse_variant(label)
+        if sd.METHODS[method].accepts("tokenizer"):
+            kwargs["tokenizer"] = smol_pair.tokenizer
+        if method == "cacheback":  # a frozen table of this tokenizer, counted from a small corpus
+            kwargs["frozen"] = small_table
+        out = sd.generate(method, smol_pair.target, ids, 20, draft=smol_pair.draft, **kwargs)
+        assert out.new_tokens == ref, f"{label} differs from hf on {prompt['prompt'][:20]!r}"
 
 
 def test_exit_draft_round_trip_and_subset_head(tmp_path):
@@ -102,7 +117,11 @@ def test_exit_draft_round_trip_and_subset_head(tmp_path):
     assert out.new_tokens == sd.generate("hf", pair.target, ids, 12).new_tokens
 
 
+@pytest.mark.full
 def test_frozen_table_follows_the_pairs_tokenizer(smol_pair, capsys, tmp_path, monkeypatch):
+    """The default table of the pair's tokenizer, built on demand from the whole corpus (a minute or two). make test:
+    tests/test_ngram_table.py::test_ensure_frozen_table_builds_once_and_is_found_by_cacheback (the same build,
+    cache and lookup on the tiny tokenizer) and the lossless test above (a frozen table of this tokenizer)."""
     from specdec_lib.tables import resolve_frozen
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))  # an empty cache: the table is counted here, once

@@ -16,6 +16,7 @@ from specdec_lib import compat
 from specdec_lib.mechanisms.draft_tree import ROOT, DraftTree, grow_tree
 from specdec_lib.mechanisms.kv_cache import cache_length, compact, new_cache, rollback
 from specdec_lib.sampling import SamplingConfig, make_generator, pick_token, probs
+from specdec_lib.mechanisms import ngram_table as ngram
 from specdec_lib.mechanisms.masks import (dense_tree_mask, tree_attention_mask, tree_inputs, tree_mask_mod)
 from specdec_lib.mechanisms.verify import verify_tree, walk_tree
 
@@ -399,7 +400,6 @@ def test_grow_tree_tables_in_order_and_merge():
 
 
 def test_grow_tree_with_ngram_tables():
-    ngram = pytest.importorskip("specdec_lib.mechanisms.ngram_table")
     text = [1, 2, 3, 4, 1, 2, 5, 6, 1, 2, 3, 7]
     table = ngram.NgramTable(1, 2, 100, 8)
     table.update(text)

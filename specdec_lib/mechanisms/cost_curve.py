@@ -15,6 +15,8 @@ dtype, with these linear kernels (prepack.py), timed the way the loop really run
   so at 16k tokens 8 rows cost far more over one than at 256): curves after several prefixes (PREFIXES, those
   the generation reaches), linear in the prefix between them and beyond (attention is linear in the keys it
   reads); `at(context)` is the curve a step at that context pays.
+- `SPECDEC_COSTS=estimate` (the tests' default): no timing at all; a curve priced from the parameters a step reads,
+  nearly flat in rows (a GPU's shape, so every "auto" budget drafts), the same on every machine.
 - `resolve_curve` (a method's `costs=` option), `reach` (the longest context a request reaches) and
   `prepare_costs` (measure before anything is timed: a benchmark calls it so no generation's time holds a
   measurement).
@@ -28,6 +30,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Sequence
 
@@ -41,6 +44,22 @@ MEASURE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 PREFIXES = (256, 1024, 4096, 8192, 16384, 32768, 65536)  # cached prefixes ContextCosts times (to the context reached)
 CONTEXT_STEP = 64  # ContextCosts.at memoises one curve per this many tokens of context (at the bucket's top)
 _MEMO: dict[str, "CostCurve"] = {}  # curves measured or read in this process, by cache key
+ESTIMATE_ENV = "SPECDEC_COSTS"  # "estimate": price steps from parameter counts, time nothing (tests set it)
+
+
+def estimating() -> bool:
+    """True where costs are estimated instead of timed (SPECDEC_COSTS=estimate: the tests, so that no test's outcome
+    or time depends on how loaded the machine was when a curve was measured)."""
+    value = os.environ.get(ESTIMATE_ENV, "")
+    if value not in ("", "estimate"):
+        raise ValueError(f"{ESTIMATE_ENV} must be unset (time the machine) or 'estimate', got {value!r}")
+    return value == "estimate"
+
+
+def estimated_ms(params: int, rows: float = 1) -> float:
+    """The estimated ms of a forward of `rows` rows over `params` weights: 1 ms per million weights read for one
+    row, each further row 1/64 of that (a memory-bound device, where extra rows ride along nearly free)."""
+    return params / 1e6 * (1 + (rows - 1) / 64)
 
 
 def cost_cache_dir() -> Path:
@@ -126,6 +145,9 @@ class CostCurve:
         limit = getattr(model.config, "max_position_embeddings", None) or prefix + max(rows)
         rows = [r for r in rows if r <= limit - 1] or [1]
         prefix = max(1, min(prefix, limit - max(rows)))
+        if estimating():
+            params = sum(p.numel() for p in model.parameters())
+            return cls(rows, [estimated_ms(params, r) for r in rows], dict(estimated=params, prefix=prefix))
         key = dict(model_key(model), prefix=prefix)
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
         path = cost_cache_dir() / f"curve_{digest}.json"

@@ -52,6 +52,7 @@ from ..eagle_head import EagleHead, HeadKV, head_for
 from ..loop import LoopState, Proposal, Proposer, register_proposer
 from ..mechanisms.budget import Budget
 from ..mechanisms.confidence import ConfidenceBudget
+from ..mechanisms.cost_curve import estimated_ms, estimating
 from ..mechanisms import dynamic_tree
 from ..mechanisms.draft_tree import ROOT, DraftTree
 
@@ -62,6 +63,9 @@ _HEAD_MS: dict[tuple, float] = {}  # one head forward's ms, timed once per (head
 def head_forward_ms(head: EagleHead, target, prefix: int = 64, repeats: int = 7, rows: int = 1) -> float:
     """Median ms of one head forward of `rows` rows after `prefix` cached rows, with the target's LM head over its
     predictions (what each drafted depth costs); timed once per (head, target, setting) in this process."""
+    if estimating():  # the tests: the head's weights and the target's LM head it reads, priced as cost_curve does
+        lm_head = target.get_output_embeddings().weight.numel()
+        return estimated_ms(sum(p.numel() for p in head.parameters()) + lm_head, rows)
     key = (id(head), id(target), prefix, repeats, rows)
     if key not in _HEAD_MS:
         device = next(target.parameters()).device

@@ -188,7 +188,7 @@ def step_overhead(out: Path, device, dtype, size) -> pd.DataFrame:
     # head's per-row work from the rest of the step
     variants = {"hf": ("hf", {}), "autoregressive": ("autoregressive", {}),
                 "autoregressive, full head": ("autoregressive", dict(lazy_head=False))}
-    for threads in (default_threads, 1):
+    for threads in dict.fromkeys((default_threads, 1)):  # once where torch runs one thread already
         torch.set_num_threads(threads)
         try:
             for i, ids in enumerate(prompts):
