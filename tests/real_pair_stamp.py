@@ -1,7 +1,7 @@
 """Is the real pair's SMOKE workbook still known to pass? `make test` asks this; `make test-full` records it.
 
 The real pair's workbook (every notebook with MODELS = "smol": SmolLM2-135M-Instruct, its exit draft, its EAGLE head)
-takes about a quarter of an hour on two cores, so `make test` leaves it out, but a change that could break a notebook
+is the longest run of the suite (README "Tests" has its time), so `make test` leaves it out, but a change that could break a notebook
 on the real pair only must still be checked before it lands. This file hashes what such a break can come from (the
 notebooks, the model-loading code, the notebook runtime, the shipped real-pair models and the lock) and compares the
 hash with the one `make test-full` recorded in tests/real_pair_stamp.json after a full run that passed:
@@ -45,9 +45,9 @@ def watched_files() -> list[Path]:
     return sorted(files)
 
 
-def digest() -> str:
+def digest(files: list[Path] | None = None) -> str:
     h = hashlib.sha256()
-    for path in watched_files():
+    for path in watched_files() if files is None else files:
         h.update(path.relative_to(ROOT).as_posix().encode() + b"\0")
         h.update(hashlib.sha256(path.read_bytes()).digest())
     return h.hexdigest()
@@ -73,10 +73,9 @@ def marker() -> str:
 
 
 def record(seconds: float | None = None) -> dict:
-    stamp = dict(sha256=digest(), files=len(watched_files()), recorded=time.strftime("%Y-%m-%d %H:%M UTC",
-                                                                                        time.gmtime()),
-                 machine=f"{platform.machine()}, {os.cpu_count()} cores, Python "
-                         f"{platform.python_version()}")
+    files = watched_files()  # read once: the digest and the count are of the same files
+    stamp = dict(sha256=digest(files), files=len(files), recorded=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                 machine=f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     if seconds is not None:
         stamp["full_seconds"] = round(seconds)
     STAMP.write_text(json.dumps(stamp, indent=1) + "\n")
