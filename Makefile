@@ -40,16 +40,16 @@ $(BROWSER_STAMP): $(STAMP)
 env: $(STAMP)
 
 workbook: $(STAMP)
-	$(BIN)/python -m specdec_lib.tools.run_notebooks --out figures
+	$(BIN)/python -m specdec_lib.workbook.run_notebooks --out figures
 
 # Every notebook with FULL = True: the long sweeps measured again, their tables saved in data/results/notebooks
 # (about half an hour here; `make workbook` shows those tables without rerunning them).
 workbook-full: $(STAMP)
-	$(BIN)/python -m specdec_lib.tools.run_notebooks --out figures --full
+	$(BIN)/python -m specdec_lib.workbook.run_notebooks --out figures --full
 
 # Every notebook on the real pair (SmolLM2-135M-Instruct and its draft, offline): MODELS = "smol".
 workbook-smol: $(STAMP)
-	$(BIN)/python -m specdec_lib.tools.run_notebooks --out figures/smol --models smol
+	$(BIN)/python -m specdec_lib.workbook.run_notebooks --out figures/smol --models smol
 
 # Two tiers (README "Tests"). `make test`: every test not marked `full`, on every core (pytest-xdist, one torch thread
 # a worker), plus the real pair's SMOKE workbook when the notebooks or the model code changed since the last full run
@@ -66,7 +66,7 @@ lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks
 
 models: $(STAMP)
-	$(BIN)/python -m specdec_lib.tools.train_tiny --out data/models
+	$(BIN)/python -m specdec_lib.training.train_tiny --out data/models
 	$(BIN)/python -m specdec_lib.tools.model_card --models data/models
 
 # SmolLM2-135M-Instruct's draft (data/models/smol-draft): exit drafts trained and measured on this machine, the
@@ -74,15 +74,15 @@ models: $(STAMP)
 # out, 15 min for three candidates, 35 for the winner; data, features and candidates cached under
 # $SPECDEC_CACHE/smol-draft; `make smol-eagle` reads the data of the first 480 requests, which this extends).
 smol-draft: $(STAMP)
-	$(BIN)/python -m specdec_lib.tools.train_smol_draft --out data/models/smol-draft
+	$(BIN)/python -m specdec_lib.training.train_smol_draft --out data/models/smol-draft
 
 # EAGLE heads (methods/eagle.py): one decoder layer reading the target's last hidden state, trained here on the
 # standard-library corpus (features cached under $SPECDEC_CACHE/eagle); a few minutes each on 2 CPU cores.
 eagle: $(STAMP)
-	$(BIN)/python -m specdec_lib.tools.train_eagle --models tiny --out data/models/eagle-tiny --corpus-tokens 150000 --minutes 6
+	$(BIN)/python -m specdec_lib.training.train_eagle --models tiny --out data/models/eagle-tiny --corpus-tokens 150000 --minutes 6
 
 smol-eagle: $(STAMP)
-	$(BIN)/python -m specdec_lib.tools.train_eagle --models smol --out data/models/smol-eagle --corpus-tokens 60000 --requests 480 --minutes 12
+	$(BIN)/python -m specdec_lib.training.train_eagle --models smol --out data/models/smol-eagle --corpus-tokens 60000 --requests 480 --minutes 12
 
 BENCH_METHODS ?= hf,autoregressive,hf_prompt_lookup,hf_assisted,prompt_lookup,draft_model,cacheback,cacheback@tdl=96+crt=16,cacheback@tdl=16+crt=4,lookahead,fafo,card,card@mode=process,eagle
 bench: $(STAMP)
@@ -162,7 +162,7 @@ define drift_check
 	$(1)/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	@$(1)/bin/python -c "import torch, transformers, tokenizers, datasets; print('drift check with torch', torch.__version__, '| transformers', transformers.__version__, '| tokenizers', tokenizers.__version__, '| datasets', datasets.__version__)"
 	$(1)/bin/python -m pytest -q $(DRIFT_TESTS)
-	$(1)/bin/python -m specdec_lib.tools.run_notebooks --smoke --fail-on-stderr --pattern $(DRIFT_NOTEBOOK) --out $(1)/workbook
+	$(1)/bin/python -m specdec_lib.workbook.run_notebooks --smoke --fail-on-stderr --pattern $(DRIFT_NOTEBOOK) --out $(1)/workbook
 endef
 
 test-latest:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import check_int
+from .env import check_int
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .checks import check_int
+from .env import check_int
 from .mechanisms.ngram_table import FrozenNgramTable, tokenizer_meta
-from .models import DATA_DIR, cache_root, vocab_size
+from .env import DATA_DIR, cache_root, vocab_size
 
 def build_frozen_table(tokenizer, texts, leader_len=1, follower_len=3, leader_capacity=2**20,
                        follower_capacity=128, progress=True, batch_size=256, text_column="text"):

@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 
-from specdec_lib.mechanisms.cost_curve import ESTIMATE_ENV
+from specdec_lib.mechanisms.budget.cost_curve import ESTIMATE_ENV
 
 KERNEL_MODULES = {"test_notebooks.py", "test_browser.py", "test_gpu_report.py"}  # they start Jupyter kernels
 KERNEL_TIMEOUT_S = 3600  # the first test to read a workbook builds it (every notebook, one after the other)
@@ -103,7 +103,7 @@ def smoke_workbook(tmp_path_factory):
     """Every notebook executed once in SMOKE mode as `make workbook` does (executed .ipynb, standalone pages,
     figures, index.html): {"out": folder, "runs": {notebook name: NotebookRun}}. The notebook tests and the
     browser test both read it, so no notebook runs twice."""
-    from specdec_lib.tools import run_notebooks
+    from specdec_lib.workbook import run_notebooks
 
     out = tmp_path_factory.mktemp("workbook")
     jupyter_data = tmp_path_factory.mktemp("jupyter_data")  # the notebooks' trust signatures, not the user's
@@ -119,8 +119,8 @@ def smol_workbook(tmp_path_factory):
     """Every notebook executed once in SMOKE mode with MODELS = "smol" (the real pair: SmolLM2-135M-Instruct and
     its exit draft), as a user would run them with that one parameter changed; the exercises' solution cells run
     on the tiny pair (smoke_workbook) and are left out here (each is minutes of the real pair's time in CI)."""
-    from specdec_lib.smol import ensure_smol_dir
-    from specdec_lib.tools import run_notebooks
+    from specdec_lib.models.smol import ensure_smol_dir
+    from specdec_lib.workbook import run_notebooks
 
     out = tmp_path_factory.mktemp("workbook_smol")
     with pytest.MonkeyPatch.context() as mp:
@@ -140,7 +140,7 @@ def _project_cache_in_a_temp_folder(tmp_path_factory):
     if "SPECDEC_CACHE" in os.environ:  # the caller chose one
         yield
         return
-    from specdec_lib.smol import models_root
+    from specdec_lib.models.smol import models_root
 
     base = tmp_path_factory.getbasetemp()
     cache = (base.parent if in_worker() else base) / "specdec_cache"  # one folder for every worker of this run

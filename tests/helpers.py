@@ -67,8 +67,8 @@ def _fingerprint(target) -> tuple:
 def with_head(target, steps: int = 150):
     """`target` with an EAGLE head trained here on its own greedy text (random models ship none): trained once per
     model and steps in a process (quick_head is seeded: a second training would give the same head)."""
-    from specdec_lib.eagle_head import attach_head
-    from specdec_lib.tools.train_eagle import quick_head
+    from specdec_lib.models.eagle_head import attach_head
+    from specdec_lib.training.train_eagle import quick_head
 
     key = (_fingerprint(target), steps)
     if key not in _HEADS:

@@ -29,10 +29,9 @@ STAMP = ROOT / "tests" / "real_pair_stamp.json"
 # what a notebook run on the real pair reads besides the methods (globs relative to the repository root)
 WATCHED = (
     "notebooks/*.ipynb",
-    "specdec_lib/models.py", "specdec_lib/smol.py", "specdec_lib/exit_draft.py", "specdec_lib/eagle_head.py",
-    "specdec_lib/prepack.py", "specdec_lib/compat.py", "specdec_lib/tables.py",
-    "specdec_lib/tools/notebook.py", "specdec_lib/tools/claims.py", "specdec_lib/tools/run_notebooks.py",
-    "specdec_lib/tools/offline_views.py",
+    "specdec_lib/models/*.py", "specdec_lib/env.py", "specdec_lib/compat.py", "specdec_lib/tables.py",
+    "specdec_lib/workbook/notebook.py", "specdec_lib/workbook/claims.py", "specdec_lib/workbook/run_notebooks.py",
+    "specdec_lib/workbook/offline_views.py",
     "data/models/smol-*/**/*", "data/prompts/**/*", "data/results/notebooks/**/*", "data/tables/**/*",
     "requirements/lock.txt", "pyproject.toml", "tests/conftest.py",
 )

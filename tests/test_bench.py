@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from specdec_lib import load_models
-from specdec_lib.models import PROMPTS_DIR
+from specdec_lib.env import PROMPTS_DIR
 from specdec_lib.bench import load_suite, parse_variant, run_bench, summarize
 from specdec_lib.corpus import is_heldout
 

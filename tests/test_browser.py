@@ -26,7 +26,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from specdec_lib.tools import offline_views, run_notebooks
+from specdec_lib.workbook import offline_views, run_notebooks
 
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = ROOT / "figures" / "screenshots"

@@ -15,7 +15,7 @@ import torch
 
 from specdec_lib import generate
 from specdec_lib.mechanisms import budget as B
-from specdec_lib.mechanisms import cost_curve as C
+from specdec_lib.mechanisms.budget import cost_curve as C
 from specdec_lib.mechanisms.draft_tree import DraftTree
 
 from helpers import SHIPPED_PROMPTS, autoregressive_samples, random_lm, repeating_prompt
@@ -43,7 +43,7 @@ def test_curve_interpolates_and_extends():
 def test_estimated_costs_time_nothing_and_write_nothing(tmp_path, monkeypatch):
     """SPECDEC_COSTS=estimate (every test but those marked measures_costs): a curve from the parameter count,
     1 ms a million weights for a row and 1/64 of that for each further row, with no forward timed or file written."""
-    from specdec_lib.mechanisms import step_cost
+    from specdec_lib.mechanisms.budget import step_cost
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     monkeypatch.setenv(C.ESTIMATE_ENV, "estimate")

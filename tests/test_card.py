@@ -13,8 +13,8 @@ import torch
 
 from specdec_lib import generate
 from specdec_lib.mechanisms import kv_cache
-from specdec_lib.mechanisms.card_process import PROCESS_NAME, DrafterProcess
-from specdec_lib.mechanisms.card_tree import CardTree
+from specdec_lib.mechanisms.card.process import PROCESS_NAME, DrafterProcess
+from specdec_lib.mechanisms.card.tree import CardTree
 from specdec_lib.methods import card as card_module
 from specdec_lib.methods.card import WORKER_NAME, Card
 
@@ -357,7 +357,7 @@ def test_auto_width_never_judges_drafting_by_the_prompts_prefill(models, monkeyp
     """width="auto" judges drafted steps by their measured time against plain ones: the first step's time is the
     prompt's prefill (tens of plain steps on a long prompt), not a drafted step's, so it is never recorded (it
     used to turn the drafting off before any drafted step was seen)."""
-    from specdec_lib.mechanisms.side_budget import SideBudget
+    from specdec_lib.mechanisms.budget.side import SideBudget
 
     target, _, ids = models
     records = []

@@ -13,8 +13,8 @@ from transformers import AutoTokenizer
 
 import specdec_lib.corpus as corpus_module
 import specdec_lib.mechanisms.ngram_table as table_module
-from specdec_lib.models import TINY_DIR
-from specdec_lib.tools.chat_requests import KINDS, chat_requests, edit_request, function_request
+from specdec_lib.env import TINY_DIR
+from specdec_lib.training.chat_requests import KINDS, chat_requests, edit_request, function_request
 
 
 @pytest.fixture(scope="module")

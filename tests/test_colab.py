@@ -6,12 +6,12 @@ import shutil
 
 import nbformat
 
-from specdec_lib.tools import colab
+from specdec_lib.workbook import colab
 
 
 def test_every_notebook_points_at_the_repository_url(capsys):
     status = colab.main(["--check"])
-    assert status == 0, capsys.readouterr().err  # fix: python -m specdec_lib.tools.colab
+    assert status == 0, capsys.readouterr().err  # fix: python -m specdec_lib.workbook.colab
 
 
 def test_setup_cell_installs_the_clone_and_enables_widgets():

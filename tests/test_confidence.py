@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from specdec_lib import generate
-from specdec_lib.mechanisms import confidence as K
-from specdec_lib.mechanisms.cost_curve import CostCurve
+from specdec_lib.mechanisms.budget import confidence as K
+from specdec_lib.mechanisms.budget.cost_curve import CostCurve
 from specdec_lib.mechanisms.draft_tree import ROOT
 from specdec_lib.methods.eagle import BUDGET_LADDER
 

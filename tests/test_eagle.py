@@ -7,9 +7,9 @@ import torch
 
 from specdec_lib import generate
 from specdec_lib import compat
-from specdec_lib.eagle_head import EagleHead, HeadKV, head_for, load_head, save_head, target_fingerprint
+from specdec_lib.models.eagle_head import EagleHead, HeadKV, head_for, load_head, save_head, target_fingerprint
 from specdec_lib.methods.eagle import Eagle
-from specdec_lib.tools import train_eagle
+from specdec_lib.training import train_eagle
 
 from helpers import SHIPPED_PROMPTS, random_lm, repeating_prompt, with_head
 

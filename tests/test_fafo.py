@@ -13,7 +13,7 @@ from helpers import SHIPPED_PROMPTS, random_lm
 from specdec_lib import generate
 from specdec_lib.loop import LoopState
 from specdec_lib.decoding import Request
-from specdec_lib.mechanisms.compression import StreamingLLM
+from specdec_lib.mechanisms.store.compression import StreamingLLM
 from specdec_lib.mechanisms.verify import commit, forward_spec, verify
 from specdec_lib.methods.fafo import Fafo, FumblePool
 

@@ -18,8 +18,8 @@ import torch
 
 from helpers import SHIPPED_PROMPTS, random_lm
 from specdec_lib import compat, generate
-from specdec_lib.mechanisms import flex_layout as fl
-from specdec_lib.mechanisms.compression import CacheView, Quest, StreamingLLM
+from specdec_lib.mechanisms.store import layout as fl
+from specdec_lib.mechanisms.store.compression import CacheView, Quest, StreamingLLM
 from specdec_lib.methods.autoregressive import greedy_through_store
 
 
@@ -308,7 +308,7 @@ def test_benchmark_counts_the_blocks_each_case_loads():
 def test_auto_attention_falls_back_to_split_where_compiled_flex_fails(monkeypatch):
     """On a GPU "auto" takes compiled flex only where it compiles and runs for the model's shapes (probed once);
     a T4's shared memory, say, refuses Triton's kernel: then split, saying why. The probe is faked here."""
-    from specdec_lib.mechanisms import attention, flex_backend
+    from specdec_lib.mechanisms.store import attention, flex_backend
 
     assert attention.choose_attention("cpu", torch.float32, 8, 2, 64)[0] == "split"
     probes = []
@@ -333,7 +333,7 @@ def test_auto_attention_falls_back_to_split_where_compiled_flex_fails(monkeypatc
 
 def test_the_compiled_flex_probe_reports_a_failure_instead_of_raising():
     """The real probe on a device it cannot run on (a CPU tensor asked for on a missing GPU) returns why."""
-    from specdec_lib.mechanisms import flex_backend
+    from specdec_lib.mechanisms.store import flex_backend
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the probe would succeed")
@@ -346,7 +346,7 @@ def test_compiled_flex_tiles_fit_small_blocks_on_a_gpu():
     be divisible by BLOCK_M and BLOCK_N"); flex() now passes Triton tiles that divide the BlockMask's blocks."""
     from types import SimpleNamespace
 
-    from specdec_lib.mechanisms.flex_backend import kernel_options
+    from specdec_lib.mechanisms.store.flex_backend import kernel_options
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     mask = lambda q, kv: SimpleNamespace(BLOCK_SIZE=(q, kv))  # noqa: E731 (only BLOCK_SIZE is read)

@@ -6,7 +6,7 @@ import torch
 
 from specdec_lib import compat, generate, load_models
 from specdec_lib.mechanisms.kv_cache import cache_length, new_cache, rollback
-from specdec_lib.models import TINY_DIR, resolve_device
+from specdec_lib.env import TINY_DIR, resolve_device
 
 from helpers import random_lm
 
@@ -143,7 +143,7 @@ def test_auto_takes_the_tiny_pair_on_a_cpu_and_says_so(capsys):
 
 def test_auto_on_a_gpu_falls_back_to_tiny_offline(monkeypatch, capsys):
     """On a GPU runtime "auto" asks for the hub pair; offline that fails and the tiny pair is loaded instead."""
-    import specdec_lib.models as models
+    import specdec_lib.models.loading as models
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     # the GPU branch without a GPU: "auto" resolves to cuda, every later placement stays on the CPU
@@ -165,7 +165,7 @@ def test_auto_on_a_gpu_falls_back_to_tiny_offline(monkeypatch, capsys):
                                                          ((9, 0), "NVIDIA H100", torch.bfloat16)])
 def test_auto_dtype_goes_by_native_support_not_by_is_bf16_supported(monkeypatch, capability, name, expected):
     """torch.cuda.is_bf16_supported() is True on a T4 too (emulated): "auto" reads the compute capability."""
-    from specdec_lib.models import auto_dtype, resolve_dtype
+    from specdec_lib.env import auto_dtype, resolve_dtype
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)

@@ -299,7 +299,7 @@ def test_save_load_roundtrip(tmp_path):
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from specdec_lib.models import TINY_DIR
+    from specdec_lib.env import TINY_DIR
 
     return AutoTokenizer.from_pretrained(str(TINY_DIR / "target"))
 
@@ -341,7 +341,7 @@ def test_build_from_texts_with_shipped_tokenizer(tokenizer, tmp_path):
 def test_build_frozen_table_accepts_plain_corpus_columns_and_refuses_non_text():
     from specdec_lib.tables import build_frozen_table
     from transformers import AutoTokenizer
-    from specdec_lib.models import TINY_DIR
+    from specdec_lib.env import TINY_DIR
 
     tokenizer = AutoTokenizer.from_pretrained(str(TINY_DIR / "target"))
     texts = ["for i in range(10):\n    print(i)\n"] * 3

@@ -1,4 +1,4 @@
-"""The notebooks' helpers (specdec_lib.tools.notebook): a long sweep is run and saved with FULL, shown from the
+"""The notebooks' helpers (specdec_lib.workbook.notebook): a long sweep is run and saved with FULL, shown from the
 saved table without it, and run again when the saved table is another pair's or missing; measured claims rendered
 from the run's numbers, and the ceiling on numbers typed into Markdown."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 import torch
 
-from specdec_lib.tools import notebook
-from specdec_lib.tools.claims import typed_numbers
+from specdec_lib.workbook import notebook
+from specdec_lib.workbook.claims import typed_numbers
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import nbformat
 import pytest
 
-from specdec_lib.tools import offline_views, run_notebooks
+from specdec_lib.workbook import offline_views, run_notebooks
 
 NOTEBOOKS = run_notebooks.find_notebooks()
 
@@ -120,7 +120,7 @@ def test_jobs_run_notebooks_side_by_side_in_order(tmp_path):
     """run_all(jobs=2): two kernels at once (each notebook waits for the other's flag file: one after the other,
     the first would time out), results in the notebooks' order, each kernel told it runs headless and given its
     share of the cores."""
-    from specdec_lib.tools import notebook
+    from specdec_lib.workbook import notebook
 
     folder = tmp_path / "nbs"
     folder.mkdir()
@@ -237,7 +237,7 @@ def test_an_exactness_notebook_runs_in_bfloat16(name, tmp_path, monkeypatch):
     """A GPU's dtype: in bfloat16 the same logits computed two ways differ by ~0.1, so these notebooks' checks
     (a tree row against the sequential forward, compaction, the store's verify row) used to fail at 1e-3; they now
     take `notebook.logit_tolerance`, still far below what a wrong mask costs (~3). Run on this CPU in bfloat16."""
-    from specdec_lib.tools import notebook
+    from specdec_lib.workbook import notebook
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     runs = run_notebooks.run_all(tmp_path, smoke=True, pattern=name, timeout=300, log=lambda *a, **k: None,

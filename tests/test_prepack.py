@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from specdec_lib import models, prepack
-from specdec_lib.mechanisms.cost_curve import model_key
+from specdec_lib.models import loading as models, prepack
+from specdec_lib.mechanisms.budget.cost_curve import model_key
 
 pytestmark = pytest.mark.skipif(not prepack.available(), reason="this torch build has no oneDNN packed linear")
 

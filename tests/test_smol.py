@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import specdec_lib as sd
-from specdec_lib import smol
-from specdec_lib.exit_draft import SubsetHead, build_exit_draft, load_exit_draft, save_exit_draft
-from specdec_lib.models import SMOL_DRAFT_DIR, vocab_size
+from specdec_lib.models import smol
+from specdec_lib.models.exit_draft import SubsetHead, build_exit_draft, load_exit_draft, save_exit_draft
+from specdec_lib.env import SMOL_DRAFT_DIR, vocab_size
 
 
 @pytest.fixture(scope="module")

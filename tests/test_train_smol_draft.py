@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec_lib.tools.train_smol_draft import _concat, _smaller_data, data_name
+from specdec_lib.training.train_smol_draft import _concat, _smaller_data, data_name
 
 
 def test_the_biggest_smaller_run_of_the_same_settings_is_extended(tmp_path):

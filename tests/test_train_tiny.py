@@ -7,7 +7,7 @@ import torch
 
 from specdec_lib import generate, load_models
 from specdec_lib.corpus import is_heldout, load_corpus
-from specdec_lib.tools.train_tiny import main
+from specdec_lib.training.train_tiny import main
 
 
 def test_corpus_split_is_whole_files_and_disjoint(tmp_path):
@@ -41,7 +41,7 @@ def test_draft_from_target_copies_the_chosen_layers():
     import pytest
 
     from helpers import random_lm
-    from specdec_lib.tools.distill_draft import draft_from_target
+    from specdec_lib.training.distill_draft import draft_from_target
 
     target = random_lm(layers=3).float()
     draft = draft_from_target(target, [2])
@@ -54,7 +54,7 @@ def test_draft_from_target_copies_the_chosen_layers():
 
 
 def test_distill_draft_quick_run(tmp_path):
-    from specdec_lib.tools import distill_draft
+    from specdec_lib.training import distill_draft
 
     main(["--quick", "--out", str(tmp_path), "--seed", "1"])
     out, log = tmp_path / "redistilled", tmp_path / "progress.jsonl"

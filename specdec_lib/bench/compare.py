@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..mechanisms.cost_curve import CostCurve
+from ..mechanisms.budget.cost_curve import CostCurve
 
 START, END = "<!-- bench-table:start -->", "<!-- bench-table:end -->"
 

@@ -30,8 +30,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..mechanisms.cost_curve import CostCurve
-from ..mechanisms.step_cost import DEFAULT_ROWS, forward_cost, verify_cost
+from ..mechanisms.budget.cost_curve import CostCurve
+from ..mechanisms.budget.step_cost import DEFAULT_ROWS, forward_cost, verify_cost
 
 __all__ = ["DEFAULT_ROWS", "batch_cost", "expected_speedup", "expected_tokens_per_step", "formula_against_measured",
            "forward_cost", "measured_agreement", "verify_cost", "verify_overhead"]

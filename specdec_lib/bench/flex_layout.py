@@ -35,9 +35,10 @@ import pandas as pd
 import torch
 
 from .. import compat
-from ..mechanisms import flex_layout as fl, kv_cache
-from ..mechanisms.compression import Compression
-from ..models import DATA_DIR, synchronize
+from ..mechanisms.store import layout as fl
+from ..mechanisms import kv_cache
+from ..mechanisms.store.compression import Compression
+from ..env import DATA_DIR, synchronize
 
 RESULTS_DIR = DATA_DIR / "results"
 
@@ -216,7 +217,7 @@ def main(argv=None) -> pd.DataFrame:
     args = parser.parse_args(argv)
     from .harness import machine_info
 
-    from ..models import resolve_device, resolve_dtype
+    from ..env import resolve_device, resolve_dtype
 
     device = resolve_device("auto")
     dtype = resolve_dtype(args.dtype, device)  # "auto": by capability (bf16 from sm_80, fp16 below, fp32 on CPU)
@@ -226,7 +227,7 @@ def main(argv=None) -> pd.DataFrame:
     rows = []
     model = None
     if not args.no_model:
-        from ..models import load_models
+        from ..models.loading import load_models
 
         model = load_models("tiny", device=device).target
     for length in args.lengths:

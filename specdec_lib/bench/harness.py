@@ -49,8 +49,8 @@ import pandas as pd
 import torch
 
 from ..decoding import METHODS, context_length, generate
-from ..mechanisms.cost_curve import prepare_costs
-from ..models import PROMPTS_DIR, cpu_model_name
+from ..mechanisms.budget.cost_curve import prepare_costs
+from ..env import PROMPTS_DIR, cpu_model_name
 
 SUITES = ("code", "editing")
 LONG_SUITES = ("long_code",)  # repository-level code completion at 1k-16k tokens: for the long pair ("tiny-long")
@@ -308,7 +308,7 @@ def main(argv=None) -> pd.DataFrame:
                         "instead of a timestamp: data/results/ keeps the runs the README quotes")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
-    from ..models import load_models
+    from ..models.loading import load_models
 
     spec = args.models if "," not in args.models else tuple(args.models.split(","))
     pair = load_models(spec, device=args.device, dtype=args.dtype)

@@ -67,7 +67,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default=None, help="folder for long_context_<tag>.csv and its runs")
     parser.add_argument("--tag", default="cpu")
     args = parser.parse_args(argv)
-    from ..models import load_models
+    from ..models.loading import load_models
 
     pair = load_models(args.models, device=args.device)
     summary, runs = run(pair, args.lengths, args.methods.split(","), args.prompts, args.max_new_tokens,

@@ -33,7 +33,7 @@ from typing import Mapping, NamedTuple
 import torch
 
 from ..decoding import generate
-from ..models import vocab_size
+from ..env import vocab_size
 from ..sampling import SamplingConfig, probs
 
 

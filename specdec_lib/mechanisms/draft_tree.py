@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..checks import check_int
+from ..env import check_int
 
 ROOT = -1  # the parent index of the root's children
 

@@ -29,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from .confidence import ConfidenceBudget
+from .budget.confidence import ConfidenceBudget
 from .draft_tree import ROOT, DraftTree
 
 Node = tuple  # (score, depth, token, parent, q)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from .. import compat
-from ..checks import check_int
+from ..env import check_int
 
 
 GROWING = 1024  # first capacity of a cache whose final length is not known up front (a draft's): it doubles

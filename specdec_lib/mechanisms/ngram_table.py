@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..checks import check_int
+from ..env import check_int
 
 _FORMAT = "specdec-frozen-ngram-v1"
 

@@ -43,7 +43,7 @@ import torch
 from .. import compat
 from . import kv_cache
 from . import masks
-from .flex_backend import ATTENTION_NAME
+from .store.flex_backend import ATTENTION_NAME
 from .draft_tree import ROOT, DraftTree
 from ..sampling import SamplingConfig, pick_token, probs, sample
 

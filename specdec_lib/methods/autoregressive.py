@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..decoding import Request, _as_input_ids
-from ..checks import check_int
+from ..env import check_int
 from ..loop import LoopState, Proposal, Proposer, decode, register_proposer
 from ..mechanisms.draft_tree import DraftTree
 from ..sampling import SamplingConfig

@@ -46,7 +46,7 @@ emitted (max_new_tokens), and EOS inside an accepted run cuts the output (Reques
 """
 from __future__ import annotations
 
-from ..checks import check_int
+from ..env import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
 from ..mechanisms.budget import Budget, TreeBudget
 from ..mechanisms.draft_tree import grow_tree

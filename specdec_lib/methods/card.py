@@ -74,12 +74,12 @@ import weakref
 
 import torch
 
-from ..checks import check_int
+from ..env import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
 from ..mechanisms.budget import Budget, ChainBudget, SideBudget, is_auto
-from ..mechanisms.cost_curve import reach
-from ..mechanisms.card_drafter import WORKER_NAME, SyncDrafter, ThreadDrafter, growable
-from ..mechanisms.card_process import DrafterProcess
+from ..mechanisms.budget.cost_curve import reach
+from ..mechanisms.card.drafter import WORKER_NAME, SyncDrafter, ThreadDrafter, growable
+from ..mechanisms.card.process import DrafterProcess
 from ..mechanisms.draft_tree import ROOT, DraftTree
 
 __all__ = ["Card", "MODES", "WORKER_NAME", "draft_on"]

@@ -73,7 +73,7 @@ import time
 import torch
 
 from .. import compat
-from ..checks import check_int
+from ..env import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
 from ..mechanisms import dynamic_tree, kv_cache, masks
 from ..mechanisms.budget import Budget, ChainBudget, ConfidenceBudget

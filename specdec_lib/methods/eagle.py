@@ -47,12 +47,12 @@ import time
 
 import torch
 
-from ..checks import check_int
-from ..eagle_head import EagleHead, HeadKV, head_for
+from ..env import check_int
+from ..models.eagle_head import EagleHead, HeadKV, head_for
 from ..loop import LoopState, Proposal, Proposer, register_proposer
 from ..mechanisms.budget import Budget
-from ..mechanisms.confidence import ConfidenceBudget
-from ..mechanisms.cost_curve import estimated_ms, estimating
+from ..mechanisms.budget.confidence import ConfidenceBudget
+from ..mechanisms.budget.cost_curve import estimated_ms, estimating
 from ..mechanisms import dynamic_tree
 from ..mechanisms.draft_tree import ROOT, DraftTree
 

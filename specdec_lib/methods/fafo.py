@@ -63,12 +63,13 @@ from collections import OrderedDict
 
 import torch
 
-from ..checks import check_int
+from ..env import check_int
 from ..mechanisms.budget import Budget, SideBudget, TreeBudget, is_auto, text_tree_yield
-from ..mechanisms.cost_curve import reach
+from ..mechanisms.budget.cost_curve import reach
 from ..loop import LoopState, Proposal, Proposer, SideRows, register_proposer
-from ..mechanisms import flex_layout, verify
-from ..mechanisms.compression import Compression, Quest, StreamingLLM
+from ..mechanisms.store import layout as flex_layout
+from ..mechanisms import verify
+from ..mechanisms.store.compression import Compression, Quest, StreamingLLM
 from ..mechanisms.draft_tree import DraftTree
 
 

@@ -51,10 +51,10 @@ import random
 
 import torch
 
-from ..checks import check_int
+from ..env import check_int
 from ..loop import LoopState, Proposal, Proposer, SideRows, register_proposer
 from ..mechanisms.budget import Budget, SideBudget, TreeBudget, is_auto, text_tree_yield
-from ..mechanisms.cost_curve import reach
+from ..mechanisms.budget.cost_curve import reach
 from ..mechanisms.draft_tree import DraftTree
 
 GUESS_LADDER = (0, 1, 2, 3, 4, 5, 7, 10, 14)  # guesses="auto" picks among these (the pool keeps the largest)

@@ -22,9 +22,9 @@ import time
 import torch
 
 from .. import compat
-from ..checks import check_int
+from ..env import check_int
 from ..decoding import GenerationResult, Request, register
-from ..models import synchronize
+from ..env import synchronize
 
 
 class ForwardCounter:

@@ -28,7 +28,7 @@ Simplifications: batch size 1; one candidate (no tree of several matches).
 """
 from __future__ import annotations
 
-from ..checks import check_int
+from ..env import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
 from ..mechanisms.budget import Budget, ChainBudget
 from ..mechanisms.draft_tree import DraftTree

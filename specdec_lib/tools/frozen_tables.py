@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..models import TINY_DIR
+from ..env import TINY_DIR
 from ..tables import build_frozen_table, frozen_table_path
 
 

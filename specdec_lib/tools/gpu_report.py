@@ -45,8 +45,9 @@ import torch
 
 from ..bench import run_bench, summarize
 from ..bench.costs import forward_cost
-from ..mechanisms.attention import choose_attention
-from ..models import gpu_name, load_models, resolve_dtype, resolve_device
+from ..mechanisms.store.attention import choose_attention
+from ..env import gpu_name, resolve_dtype, resolve_device
+from ..models.loading import load_models
 
 # Two interleaved runs, each with the baselines, so that a method that breaks on a new device (compiled FlexAttention,
 # a concurrent drafter) cannot take the other rows down with it; ratios are read within a run.
@@ -100,7 +101,7 @@ def step_choices(out: Path, device, dtype, size) -> pd.DataFrame:
     cfg = target.config
     heads = cfg.num_attention_heads
     mode, why = choose_attention(device, dtype, heads, cfg.num_key_value_heads, cfg.hidden_size // heads)
-    from ..models import auto_dtype
+    from ..env import auto_dtype
 
     rows = [dict(setting="device", value=gpu_name(device) if device.type == "cuda" else "CPU", why=""),
             dict(setting="dtype auto", value=str(auto_dtype(device)[0]).removeprefix("torch."),
@@ -124,7 +125,7 @@ def _find_nbconvert_templates() -> None:
 
 
 def step_notebooks(out: Path, device, dtype, size) -> pd.DataFrame:
-    from . import run_notebooks
+    from ..workbook import run_notebooks
 
     _find_nbconvert_templates()
 

@@ -36,7 +36,7 @@ import textwrap
 from pathlib import Path
 
 from ..corpus import is_heldout, stdlib_files
-from ..models import PROMPTS_DIR, TINY_DIR
+from ..env import PROMPTS_DIR, TINY_DIR
 
 PROMPT_TOKENS = 300  # code prompts: at most this many tiny-tokenizer tokens
 SNIPPET_TOKENS = 170  # editing: the original function is at most this long

