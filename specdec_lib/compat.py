@@ -1,38 +1,25 @@
-"""transformers' moving parts, in one module: every call whose spelling differs between 5.15 and the newest 5.x.
+"""transformers' and torch's moving parts, in one module: every call whose spelling differs inside the supported range.
 
-The library supports transformers >= 5.15 (and torch >= 2.11). What moved inside that range, and how it is
-handled here (the rest of the library, the tests and the notebooks call these, never the moving names):
-
-- **The cache keyword of a forward.** Up to 5.23 a model's forward takes `past_key_values=cache`; from 5.24 it
-  takes `cache=cache` and warns (a FutureWarning, removal announced for 5.40) when given the old name.
-  `forward(model, cache=..., **inputs)` passes the cache under the name *this model's* forward declares (read
-  off its signature, so a model class that moves at another release is handled too).
-- **Rolling a cache back.** Before 5.15 `DynamicCache.crop(n)` kept n tokens; from 5.15 `crop(-n)` removes n
-  and a positive argument warns (later raises). `crop(cache, length)` keeps the first `length` tokens.
-- **Reading a forward from outside** (to count HF `generate`'s target forwards). Up to 5.23 `generate` passed
-  `cache_position=` and `past_key_values=`; 5.24 passes neither name. `find_cache` picks the cache out of a
-  forward's arguments by its type and `query_rows` the number of new rows from the input's shape, so nothing
-  depends on keyword names.
-- **HF's assisted generation at 5.15.** 5.15.0 and 5.15.1 crop the assistant's cache by a fixed count each round
-  (the count that `crop(-n)` removes), whatever the cache holds, so after a rejected draft the assistant is soon
-  fed an empty input and fails with a reshape error; 5.16 crops to the length the new input needs.
-  `assisted_generation_fixed()` applies 5.16's rule to HF's `AssistedCandidateGenerator` for the duration of
-  the `hf_assisted` peer's call, on 5.15 only, so the peer measures HF's method there too.
-
-- **Caches of our own** (`transformers.cache_utils`: Cache, CacheLayerMixin, DynamicLayer: internal classes, not
-  a public API, so what a subclass implements may change with a release; they are named here only). kv_cache's `ContiguousLayer` subclasses `DynamicLayer` here; flex_layout's store
-  subclasses `BufferCache`, a Cache whose layers (`_BufferLayer`) are views of the subclass's own buffers;
-  `new_dynamic_cache(config)` builds an empty DynamicCache; `has_sliding_layers` and `has_counting_layers` ask
-  what kinds of layers a cache holds (attributes of the layer classes).
-
-- **A fused CPU attention with its log-sum-exp** (torch): `flash_attention_for_cpu()` gives torch's
-  `_scaled_dot_product_flash_attention_for_cpu` (a private op: float32/float64/bf16, masks allowed), or None where
-  it is missing; mechanisms/attention.py's `attention_with_lse` calls it.
-
-- **Prepacked linear weights** (torch, CPU): `packed_linear_ops()` gives oneDNN's weight reorder and linear
-  (`torch.ops.mkldnn._reorder_linear_weight`, `_linear_pointwise`: private ops, what inductor's CPU freezing
-  calls), checked once against `F.linear`; None where they are missing or disagree (prepack.py then keeps
-  `F.linear`).
+The library supports transformers >= 5.15 and torch >= 2.11; the rest of the library, the tests and the notebooks
+call these, never the moving names:
+- **The cache keyword of a forward**: `past_key_values=` up to 5.23, `cache=` from 5.24 (the old name warns).
+  `forward(model, cache=..., **inputs)` passes the cache under the name this model's forward declares (read off
+  its signature, so a model class that moves at another release is handled too).
+- **Rolling a cache back**: from 5.15 `DynamicCache.crop(-n)` removes n tokens (a positive argument warns).
+  `crop(cache, length)` keeps the first `length`.
+- **Reading a forward from outside** (to count HF `generate`'s target forwards): 5.24 no longer passes
+  `cache_position=` or `past_key_values=`, so `find_cache` finds the cache by its type and `query_rows` the new
+  rows from the input's shape.
+- **HF's assisted generation at 5.15**: `assisted_generation_fixed()` applies 5.16's cache rollback to HF's
+  `AssistedCandidateGenerator` during the `hf_assisted` peer's call, so the peer runs on 5.15 too.
+- **Caches of our own**: `transformers.cache_utils`' Cache, CacheLayerMixin and DynamicLayer are internal
+  classes, named only here: kv_cache's `ContiguousLayer` subclasses `DynamicLayer`; FAFO's store
+  (store/layout.py) subclasses `BufferCache`, whose layers are views of the subclass's buffers;
+  `new_dynamic_cache`, `has_sliding_layers` and `has_counting_layers` build and inspect caches.
+- **Attention kernels at decode time**: `decode_attention(device)` keeps CUDA decodes off cuDNN's SDPA.
+- **Private torch ops**: `flash_attention_for_cpu()` (fused CPU attention with its log-sum-exp, for
+  store/attention.py) and `packed_linear_ops()` (oneDNN's prepacked linear, for models/prepack.py), each None
+  where this torch lacks it (or, for the linear, disagrees with `F.linear` on a probe).
 
 Simplifications: batch size 1 for `query_rows`; `crop` serves full-attention (DynamicLayer) caches; a
 `BufferCache` serves full-attention layers only.
@@ -86,7 +73,11 @@ def forward(model, cache=None, **inputs):
 
 @contextmanager
 def assisted_generation_fixed():
-    """Within: HF's AssistedCandidateGenerator rolls the assistant's cache back as 5.16 does (5.15 only)."""
+    """Within: HF's AssistedCandidateGenerator rolls the assistant's cache back as 5.16 does (5.15 only).
+
+    5.15.0 and 5.15.1 crop the assistant's cache by a fixed count each round, whatever the cache holds, so after a
+    rejected draft the assistant is soon fed an empty input and fails with a reshape error; 5.16 crops to the
+    length the new input needs."""
     if transformers_version() != (5, 15):
         yield
         return
@@ -205,12 +196,11 @@ class _BufferLayer(CacheLayerMixin):
 def decode_attention(device):
     """The SDPA kernels a decode may use on `device`: on CUDA every backend but cuDNN's, elsewhere torch's choice.
 
-    torch picks cuDNN attention first on an H100 (torch 2.11), and cuDNN builds an execution plan for every new
-    shape and stride it meets, about 8 ms of CPU per layer call, cached per shape: a decode meets a new KV length
-    at every step, so each step paid it (the first H100 run: the loop's plain step at 0.22x HF's greedy decoding,
-    HF's own greedy at 59 ms a token on a prompt's first run and 10 ms on its second; `aten::_cudnn_attention_forward`
-    was 84 % of the profiled CPU time, data/results/gpu/nvidia-h100-80gb-hbm3/). Flash and memory-efficient
-    attention need no plan. Entered by `generate` and by the cost-curve timings, so both price the same kernels.
+    torch may pick cuDNN attention first on a recent GPU, and cuDNN builds an execution plan (CPU work, per layer
+    call) for every new shape and stride it meets, cached per shape: a decode meets a new KV length at every step,
+    so each step paid it (cuDNN's attention then dominated the profiled CPU time: the runs are in
+    data/results/gpu/). Flash and memory-efficient attention need no plan. Entered by `generate` and by the
+    cost-curve timings, so both price the same kernels.
     """
     if torch.device(device).type != "cuda":
         return nullcontext()

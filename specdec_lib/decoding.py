@@ -26,8 +26,7 @@ import torch
 
 from . import compat
 from .env import check_int
-from .models.loading import check_same_vocab
-from .env import synchronize, vocab_size
+from .env import check_same_vocab, synchronize, vocab_size
 from .sampling import SamplingConfig, make_generator
 
 

@@ -121,19 +121,34 @@ def vocab_size(model) -> int:
     return int(getattr(head, "out_features", None) or head.weight.shape[0])
 
 
-def median_ms(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, device: torch.device | None = None) -> float:
+def check_same_vocab(target, draft) -> None:
+    """A clear error when a draft's vocabulary (output rows) differs from the target's."""
+    t, d = vocab_size(target), vocab_size(draft)
+    if t != d:
+        raise ValueError(f"draft and target vocabularies differ: target has {t} tokens, draft has {d}; "
+                         "speculative decoding needs a draft that shares the target's tokenizer")
+
+
+def median_ms(fn: Callable[[], object], repeats: int = 5, device: torch.device | None = None, *, warmup: int = 1,
+              setup: Callable[[], object] | None = None, samples: list | None = None) -> float:
     """Median wall-clock ms of `repeats` calls of fn() after `warmup` untimed ones (a GPU's queue is waited for
-    around each call, so a time covers the kernels it launched)."""
+    around each call, so a time covers the kernels it launched). setup(), when given, runs before every call,
+    warm-up ones included, outside the timed region (e.g. rolling a cache back); `samples`, when given, gets
+    every timed ms appended (for another statistic of the same calls, e.g. the minimum)."""
     check_int("repeats", repeats, 1)
-    for _ in range(warmup):
-        fn()
+    check_int("warmup", warmup, 0)
     times = []
-    for _ in range(repeats):
+    for i in range(warmup + repeats):
+        if setup is not None:
+            setup()
         if device is not None:
             synchronize(device)
         start = time.perf_counter()
         fn()
         if device is not None:
             synchronize(device)
-        times.append(1e3 * (time.perf_counter() - start))
+        if i >= warmup:
+            times.append(1e3 * (time.perf_counter() - start))
+    if samples is not None:
+        samples.extend(times)
     return statistics.median(times)

@@ -9,26 +9,18 @@
         commit(cache, ...)                           # the only code that trims the target's cache
         proposer.observe(state, verdict)             # table update, draft-cache rollback, pool refill
 
-Everything per step that is not the proposer's is written here once: the depth cap (`max_depth`: the deepest
-draft that can still be emitted, so nothing unemittable is verified), the EOS / max_new_tokens cut of the
-emitted tokens (`Request.trim`, the KV of cut tokens is not kept), the per-step records (tree_size, depth,
-accepted, emitted, full, draft_us (propose), verify_ms (forward, verdict and commit), update_us (observe), plus the
-proposal's `info`), the totals, the debug
-invariant (after every step the cache holds every committed token but the last), and `GenerationResult`.
-The prompt's prefill belongs to the first step: a plain step's or a chain's forward is the prompt's causal forward;
-a step with a tree or side rows after a long prompt (verify.PREFILL_ROWS) feeds prompt[:-1] in a causal forward of
-its own first (verify.prefill: no P x P mask), then verifies as every later step does. target_forwards counts
-steps: target_forwards == len(accept_lengths), sum == len(new_tokens); the time to the first token is
-GenerationResult.prefill_seconds.
+Written here once, for every method: the depth cap (`max_depth`: nothing unemittable is verified), the EOS /
+max_new_tokens cut (`Request.trim`), the per-step records (STEP_KEYS) and totals (STATS_KEYS), the debug
+invariant (after every step the cache holds every committed token but the last) and `GenerationResult`
+(target_forwards == len(accept_lengths), their sum == len(new_tokens)). The prompt's prefill belongs to the first
+step: a plain or chain step's forward is the prompt's causal forward; a tree or side rows after a long prompt
+feed prompt[:-1] in a causal forward first (verify.PREFILL_ROWS); `prefill_seconds` is the time to the first token.
 
-Extension points (documented in verify.SideRows / Proposal), each used by a method:
-- Lookahead and FAFO draft inside the target's own forward: their Proposal carries `side` rows (Jacobi or
-  fumble rows with their own visibility, composed from masks.py pieces) whose logits come back in
-  `verdict.side_logits` to `observe`; their KV is dropped by the same commit.
-- CARD's proposer reads, in `propose`, a tree that a concurrent drafter fills, and sends the correction in
-  `observe`; the loop does not care who filled the tree.
-- EAGLE's head reads the target's final hidden states: its Proposal asks for them (`features`), and the verdict's
-  rows (verify.RowLogits) carry them to `observe`, the prompt's too on step 1, with no extra target forward.
+Extension points (verify.SideRows / Proposal), each used by a method:
+- Lookahead and FAFO draft inside the target's forward: `side` rows whose logits come back to `observe` in
+  `verdict.side_logits`, their KV dropped by the same commit;
+- CARD's `propose` reads a tree a concurrent drafter fills, and `observe` sends it the correction;
+- EAGLE's head reads the target's final hidden states (`features`), carried by the verdict's rows to `observe`.
 
 Simplifications: batch size 1; the proposer may not touch the target's cache (it gets no handle to it).
 """
@@ -47,7 +39,8 @@ from .mechanisms.verify import Proposal, SideRows, Verdict, commit, forward_spec
 __all__ = ["LoopState", "Proposal", "Proposer", "SideRows", "Verdict", "decode", "register_proposer",
            "STEP_KEYS", "STATS_KEYS"]
 
-# The stats schema of every loop method (the contract test checks it). Each step record holds STEP_KEYS, plus
+# The stats schema of every loop method (the contract test checks it). Each step record holds STEP_KEYS (draft_us:
+# propose; verify_ms: forward, verdict and commit; update_us: observe), plus
 # the proposal's `info`: "draft_size" (the draft budget the step ran with: cacheback's TDL, lookahead's guesses,
 # fafo's find-out candidates, prompt lookup's num_tokens, draft_model's gamma, card's query cap) and extras of
 # the method's own. GenerationResult.stats holds STATS_KEYS ("config": the proposer's settings) and the
@@ -77,7 +70,7 @@ class Proposer:
     def target_cache(self, state: LoopState):
         """The target's KV cache for this generation, made once after `start` (the loop owns it from then on):
         a DynamicCache appending in place (kv_cache.ContiguousLayer), or a cache with its own layout (FAFO: a
-        flex_layout.FlexLayoutStore, whose compressed KV its side rows read)."""
+        store.layout.FlexLayoutStore, whose compressed KV its side rows read)."""
         req = state.request  # room for every token and a step's rows (a larger step grows it)
         return kv_cache.new_cache(req.target, capacity=req.prompt_length + req.max_new_tokens + 64)
 

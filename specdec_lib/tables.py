@@ -72,7 +72,7 @@ def ensure_frozen_table(tokenizer, leader_len: int = 1, follower_len: int = 3, l
     named by the tokenizer's hash, the corpus tag, LL, FL, LC and FC; else build it from `texts` (default: the
     training split of the standard-library corpus, loaded with `datasets`; pass other texts with a
     `corpus_tag` naming them, e.g. a hub dataset's column) and save it there. A build counts every window of
-    the corpus (tens of seconds per table for the standard library on a small CPU)."""
+    the corpus (slow next to loading one: hence once, then cached)."""
     import tempfile
 
     for name, value in dict(leader_len=leader_len, follower_len=follower_len, leader_capacity=leader_capacity,
@@ -152,7 +152,7 @@ def resolve_frozen(frozen, target, ll: int, fl: int, lc: int, fc: int, tokenizer
     """The frozen table to use, or None.
 
     True: with `tokenizer`, the table of the pair's own tokenizer: the shipped one when it was built with it,
-    else one built earlier in the cache, else built now from the standard-library corpus (tens of seconds, once;
+    else one built earlier in the cache, else built now from the standard-library corpus (once, slowly;
     one line says so) and cached (`ensure_frozen_table`); without `tokenizer`, the shipped table if it fits the
     target's vocabulary, else warn once and return None. "build": the same as True with a tokenizer (which it
     needs). A path or a FrozenNgramTable: that table, which must fit the target's vocabulary."""

@@ -4,7 +4,7 @@ in a temp folder shared by every worker. Shared helper functions (random models,
 Two tiers (README "Tests"): `make test` runs every test not marked `full`; `make test-full` runs them all. Tests run
 on pytest-xdist workers with one torch thread each; tests that start Jupyter kernels (KERNEL_MODULES) share one
 worker (`pytest_xdist_make_scheduler` below: the workbooks are session fixtures, built once).
-Costs are estimated, never timed (SPECDEC_COSTS=estimate, mechanisms/cost_curve.py), except in tests marked
+Costs are estimated, never timed (SPECDEC_COSTS=estimate, mechanisms/budget/cost_curve.py), except in tests marked
 `measures_costs` and in the workbooks' kernels, which run as a user's would."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Draft budgets chosen from the cost curve (mechanisms/budget.py, the methods' "auto" budgets).
+"""Draft budgets chosen from the cost curve (mechanisms/budget/, the methods' "auto" budgets).
 
 With an injected curve the choices are deterministic and follow the arithmetic (expensive extra rows: small
 budgets; flat curve: large ones); auto is lossless (greedy parity, seeded sampling == autoregressive); the

@@ -1,4 +1,4 @@
-"""CARD (methods/card.py, mechanisms/card_tree.py, card_drafter.py): the drafter's tree against a by-hand top-K beam, hit/miss
+"""CARD (methods/card.py, mechanisms/card/tree.py, card/drafter.py): the drafter's tree against a by-hand top-K beam, hit/miss
 corrections, thread and process modes = sync mode, clean shutdown of the worker thread / drafter process,
 process-mode sampling against the target's exact distribution, bad settings. The mechanism runs at a fixed width
 (width=8): width="auto" may stop drafting where it does not pay (tests/test_budget.py tests that)."""
@@ -237,7 +237,7 @@ def test_busy_intervals_overlap_and_timeline():
     assert [round(b, 9) for b in fig.data[1].base] == [1.0, 4.5] and list(fig.data[1].x) == [2.0, 2.0]  # ms
 
 
-# ---------------------------------------------------------------- process mode (mechanisms/card_process.py)
+# ---------------------------------------------------------------- process mode (mechanisms/card/process.py)
 
 @pytest.mark.parametrize("self_draft", [False, True])
 def test_process_mode_gives_the_sync_greedy_tokens(models, self_draft):

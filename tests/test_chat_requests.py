@@ -1,4 +1,4 @@
-"""The distillation requests of SmolLM2's drafts (`tools/chat_requests.py`), cut from real Python files (two of
+"""The distillation requests of SmolLM2's drafts (`training/chat_requests.py`), cut from real Python files (two of
 this package's own modules, standing in for the standard-library corpus)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""EAGLE's "auto" budget from the head's own confidence (mechanisms/confidence.py), on synthetic curves and
+"""EAGLE's "auto" budget from the head's own confidence (mechanisms/budget/confidence.py), on synthetic curves and
 verdicts (the arithmetic of each decision), then on the tiny pair (lossless, priced, seeded)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""EAGLE (methods/eagle.py, eagle_head.py, tools/train_eagle.py): the head, its loading, the dynamic tree, and
+"""EAGLE (methods/eagle.py, eagle_head.py, training/train_eagle.py): the head, its loading, the dynamic tree, and
 what the shipped head does on the tiny pair. Lossless greedy and sampling: the contract test (every METHOD)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""FAFO's KV layout (mechanisms/flex_layout.py, attention.py, compression.py): exact against slow references.
+"""FAFO's KV layout (mechanisms/store/layout.py, attention.py, compression.py): exact against slow references.
 
 - attention over the managed (swapped, compacted) layout equals attention over the logical sets gathered the
   slow way, for full and compressed rows, random appends / compactions / swaps (float64, 1e-10), in the three

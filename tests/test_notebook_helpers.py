@@ -52,7 +52,7 @@ def test_long_run_saves_with_full_and_shows_the_saved_table_without(tmp_path, ca
     assert notebook.long_run("04_x", compute, full=False, pair=smol, results_dir=tmp_path).speedup.tolist() == [1.0, 6.5]
 
 
-# ---------------------------------------------------------------- measured claims (tools/claims.py)
+# ---------------------------------------------------------------- measured claims (workbook/claims.py)
 
 def test_a_claim_is_rendered_from_the_numbers_and_says_whether_it_held():
     speedup = 1.234

@@ -109,31 +109,6 @@ def test_readme_names_the_locked_versions_and_the_drift_check():
     assert '"transformers>=5.15,<6"' in (ROOT / "pyproject.toml").read_text()
 
 
-def test_layers_import_only_downward():
-    """mechanisms/ import neither bench/ nor tools/ (nor methods/); methods/ import no tools/; the contract and
-    its data (the package's top-level modules) import no tools/ either."""
-    import ast
-
-    forbidden = {"mechanisms": ("bench", "tools", "methods", "viz"), "methods": ("bench", "tools", "viz"),
-                 "": ("bench", "tools", "viz")}
-    package = ROOT / "specdec_lib"
-    for folder, banned in forbidden.items():
-        files = sorted((package / folder).glob("*.py")) if folder else sorted(package.glob("*.py"))
-        for path in files:
-            if folder == "" and path.name == "__init__.py":
-                continue
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.ImportFrom) and node.level:
-                    # resolve the relative import against the file's folder: `..x` from mechanisms/ is x
-                    parts = [folder] if folder else []
-                    base = parts[:len(parts) - (node.level - 1)] if node.level > 1 else parts
-                    target = ".".join(base + ([node.module] if node.module else []))
-                    top = target.split(".")[0] if target else ""
-                    names = [a.name for a in node.names] if not node.module and not base else []
-                    for name in [top] + names:
-                        assert name not in banned, f"{path.relative_to(ROOT)} imports {name}/ ({ast.unparse(node)})"
-
-
 def test_real_pair_stamp_runs_the_workbook_when_what_it_reads_changed(tmp_path, monkeypatch):
     """make test adds the real pair's workbook exactly when a watched file (a notebook, the model code) differs
     from the last full run's stamp; a change elsewhere (a method: tests/test_smol.py runs them on the real pair)

@@ -1,10 +1,10 @@
 """The cached distillation data of SmolLM2's draft grows without answering old requests again
-(`tools/train_smol_draft.py`: `_smaller_data` finds the run to extend, `_concat` appends the new blocks)."""
+(`training/data.py`: `_smaller_data` finds the run to extend, `_concat` appends the new blocks)."""
 from __future__ import annotations
 
 import torch
 
-from specdec_lib.training.train_smol_draft import _concat, _smaller_data, data_name
+from specdec_lib.training.data import _concat, _smaller_data, data_name
 
 
 def test_the_biggest_smaller_run_of_the_same_settings_is_extended(tmp_path):

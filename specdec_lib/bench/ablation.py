@@ -10,8 +10,8 @@ see `bench.parse_variant`), run interleaved with "hf" on the same prompts, so ea
 measured side by side in one run, and every run checks the tokens against hf's (greedy: lossless).
 
 Simplifications: greedy decoding only; Figure 4 runs one benchmark per LL (its five FL variants and hf
-interleaved) and drops the loaded tables between LLs, because a frozen LL=3 table holds about a million
-leaders (several hundred MB as Python objects): its speedups are against the hf of the same LL's run.
+interleaved) and drops the loaded tables between LLs, because a frozen LL=3 table holds far more leaders
+than LL=1's (large as Python objects): its speedups are against the hf of the same LL's run.
 """
 from __future__ import annotations
 

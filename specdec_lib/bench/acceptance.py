@@ -3,28 +3,24 @@
 Leviathan et al. (2023) model a chain's acceptance with one number, alpha = E[sum_x min(p(x), q(x))], the same at
 every draft position (i.i.d.), so E[tokens per step] = (1 - alpha^(gamma+1)) / (1 - alpha)
 (`costs.expected_tokens_per_step`). This module measures what that model leaves out:
-
-- `acceptance_by_depth(runs)`: for a chain (a draft model, prompt lookup), per draft depth d = 1..gamma, how many
-  steps **reached** d (drafted a token at depth d and had the d - 1 before it accepted) and how many **accepted** it:
-  P(accept depth d | depth d reached), the quantity the i.i.d. model holds constant. The same counts as
-  `mechanisms.budget.ChainBudget`'s online ones, here read off finished runs' step records.
-- `pooled_acceptance(table)`: the i.i.d. model's alpha fitted to the same steps, accepted / reached over every
-  depth (each test a coin of the same alpha, and a chain stops at its first failure: this is the maximum-likelihood
-  alpha). Not `stats["acceptance_rate"]` (accepted / drafted), which also counts the drafts after a rejection,
-  never tested.
+- `acceptance_by_depth(runs)`: for a chain, per draft depth d = 1..gamma, how many steps **reached** d (drafted
+  it with the d - 1 before it accepted) and how many **accepted** it: P(accept d | d reached), the quantity the
+  i.i.d. model holds constant (budget.ChainBudget counts the same online);
+- `pooled_acceptance(table)`: the i.i.d. alpha fitted to the same steps, accepted / reached over every depth (its
+  maximum-likelihood estimate); not `stats["acceptance_rate"]` (accepted / drafted), which also counts drafts
+  after a rejection, never tested;
 - `expected_tokens_by_depth(rates)`: E[tokens per step] = 1 + sum_d prod_{j<=d} a_j, Leviathan's formula with a
-  rate per depth (at a constant rate it is `costs.expected_tokens_per_step`).
-- `acceptance_summary(results)`: drafted, accepted, acceptance rate and MAT pooled over several generations.
+  rate per depth;
+- `acceptance_summary(results)`: drafted, accepted, acceptance rate and MAT pooled over several generations;
 - `tested_positions(result)`: which new tokens were the outcome of an acceptance test (an accepted draft, or the
-  token drawn at a rejection); a bonus token and a plain step's token were not.
-- `overlap(target_logits, draft_logits, temperature)`: beta = sum_x min(p(x), q(x)) per position, the probability
-  that speculative sampling accepts a draft drawn from q there (sum_x q(x) min(1, p(x)/q(x))); at temperature 0
-  (greedy) 1 where the two argmaxes agree, else 0.
-- `overlap_along(target, draft, tokens, start, temperatures)`: beta at every position of a text, one forward of each
-  model, for several temperatures: averaged over a run's tested positions, the acceptance that run should measure.
+  token drawn at a rejection; not a bonus token or a plain step's token);
+- `overlap(target_logits, draft_logits, temperature)`: beta = sum_x min(p(x), q(x)) per position, the
+  probability that speculative sampling accepts a draft drawn from q there (greedy: 1 where the argmaxes agree);
+- `overlap_along(target, draft, tokens, start, temperatures)`: beta at every position of a text, one forward of
+  each model, for several temperatures: averaged over a run's tested positions, the acceptance it should measure.
 
 Simplifications: chains only (a tree's rates need its walk, not its records' counts); the models' distributions
-are read teacher-forced along a finished text (the same logits as the cached forwards of the run, up to rounding).
+are read teacher-forced along a finished text (the same logits as the run's cached forwards, up to rounding).
 """
 from __future__ import annotations
 

@@ -130,7 +130,7 @@ def load_summary(path) -> tuple[pd.DataFrame, dict]:
 
 
 def when(meta: dict) -> str:
-    """A saved run's time as 2026-11-26 21:54 (its meta's timestamp, 20261126-215455), or 'not recorded'."""
+    """A saved run's time as YYYY-MM-DD HH:MM (its meta's timestamp, YYYYMMDD-HHMMSS), or 'not recorded'."""
     stamp = str(meta.get("timestamp", ""))
     if len(stamp) != 15 or stamp[8] != "-":
         return "not recorded"
@@ -157,7 +157,7 @@ def never_slower(summaries: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 # the saved runs of `make bench-never`: {setting: (file under data/results, the ratio its table shows)}; at 8k
-# tokens the prefill (the same causal forward in every method) is most of a short run, so the decode ratio
+# tokens the prefill (the same causal forward in every method) is most of a short run, so the decode ratio is shown
 NEVER_FILES = {"tiny, code": ("bench_code_cpu_never.json", "vs_autoregressive"),
                "tiny, editing": ("bench_editing_cpu_never.json", "vs_autoregressive"),
                "smol, humaneval": ("bench_humaneval_cpu_never_smol.json", "vs_autoregressive"),

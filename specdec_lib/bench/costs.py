@@ -1,7 +1,7 @@
 """Why speculative decoding can pay: what one forward costs, and the expected-speedup arithmetic.
 
 - `forward_cost(model, rows, prefix)` and `verify_cost(model, rows, prefix)`: what one forward of R rows and
-  one loop step of R rows cost here (mechanisms/step_cost.py, where the auto budgets read them; served here for
+  one loop step of R rows cost here (mechanisms/budget/step_cost.py, where the auto budgets read them; served here for
   the notebooks);
 - `expected_tokens_per_step(alpha, gamma)`: with per-token acceptance alpha (i.i.d., Leviathan et al. 2023)
   and a chain of gamma drafted tokens, the tokens one target forward yields, the next token included:

@@ -27,8 +27,6 @@ rebuild row uses eager create_block_mask (what a per-step rebuild costs without 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -38,7 +36,7 @@ from .. import compat
 from ..mechanisms.store import layout as fl
 from ..mechanisms import kv_cache
 from ..mechanisms.store.compression import Compression
-from ..env import DATA_DIR, synchronize
+from ..env import DATA_DIR, median_ms
 
 RESULTS_DIR = DATA_DIR / "results"
 
@@ -64,19 +62,6 @@ class AttentionConfig:
     def __init__(self, heads, kv_heads, head_dim, layers=1):
         self.num_hidden_layers, self.num_attention_heads = layers, heads
         self.num_key_value_heads, self.head_dim = kv_heads, head_dim
-
-
-def median_ms(fn, repeats: int, device) -> float:
-    """Median wall milliseconds of fn() over `repeats` calls after one warm-up call, device synchronised."""
-    fn()  # warm-up (compiles on the first call)
-    synchronize(device)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def kernel_rows(length: int, rows: int, kv_budget: int, heads: int, kv_heads: int, head_dim: int, block: int,

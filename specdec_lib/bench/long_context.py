@@ -12,7 +12,7 @@ cache as the context grows, so a method whose extra rows read little (FAFO's fum
 whose one step yields several tokens gains more, not less, with context.
 
 Simplifications: greedy, batch size 1, one repeat per prompt by default (the long prefills dominate the run's
-time: 16k tokens take seconds per method on a CPU); `autoregressive` (the loop with no draft) is in the run so
+time, every method paying its own); `autoregressive` (the loop with no draft) is in the run so
 that what the loop's cache saves is told apart from what drafting gains.
 """
 from __future__ import annotations

@@ -1,36 +1,28 @@
 """Draft trees and Cacheback's breadth-first tree growth (Cacheback paper, section 3.2; tables from 3.1/3.3).
 
-A `DraftTree` is the proposal one target forward verifies. Its *root* is the last committed token: it is
-not in the target's KV cache yet (it is fed with the tree, so its row gives the first verdict), and it is
-stored separately from the draft nodes. Node i has `tokens[i]`, `parents[i]` (-1 = a child of the root)
-and `depths[i]` (1-based: a child of the root has depth 1, the root has depth 0). Nodes are kept in
-insertion order, which is topological (a parent's index is always smaller than its child's): the tree
-layout, the mask and the KV compaction all rely on that. It is the one tree type of every drafter: CARD's width-K
-tree (card_tree.ScoredTree) is a DraftTree whose nodes also carry a score and, once fed, the draft's logits.
+A `DraftTree` is the proposal one target forward verifies, the one tree type of every drafter (CARD's
+card.tree.ScoredTree adds scores and the draft's logits). Its *root* is the last committed token, not yet in the
+target's KV cache (it is fed with the tree, so its row gives the first verdict) and stored apart from the nodes.
+Node i has `tokens[i]`, `parents[i]` (-1 = a child of the root) and `depths[i]` (root 0, its children 1). Nodes
+are kept in insertion order, which is topological (a parent's index is smaller than its child's): the tree
+layout, the mask and the KV compaction rely on that.
 
-`grow_tree(context, tables, tdl, crt, refed)` follows section 3.2, "breadth first":
-- level 0 queries every table with the last LL tokens of the context (the root is `context[-1]`) and hangs
-  each follower under the root as a whole chain; each chain's last node is a new leaf;
-- level L >= 1 does the same for every leaf made at level L-1, the leader being the last LL tokens of
-  context + path (so a leader may straddle the context and the path);
-- per leaf the tables are queried in the order given (dynamic first, then frozen: section 3.3), each
-  table's followers MRU first, and each table uses its own `leader_len`;
-- growth stops when a level makes no new leaf or the budget is reached.
+`grow_tree(context, tables, tdl, crt, refed)` grows "breadth first": level 0 queries every table with the last
+LL tokens of the context and hangs each follower under the root as a whole chain; level L >= 1 does the same for
+every leaf made at level L-1 (a leader may straddle the context and the path). Per leaf the tables are queried in
+the order given (dynamic, then frozen: section 3.3), each table's followers MRU first with its own `leader_len`;
+growth stops when a level makes no new leaf or the budget is reached.
 
-Our exact reading of TDL and CRT (the paper's words plus the reference code's arithmetic, as the project
-notes describe it): TDL counts the draft nodes plus the `refed` tokens this forward feeds that are not in
-the KV cache yet, so at most B = TDL - refed draft nodes. Level 0 may use only B - CRT of them; the CRT
-tokens are reserved for levels >= 1, which may fill the tree up to B. With our KV compaction only the root
-is re-fed, so `refed` = 1 (the reference crops its cache and re-feeds every accepted token: refed = k + 1).
+TDL and CRT, as we read the paper and its reference code: TDL counts the draft nodes plus the `refed` tokens the
+forward feeds that the cache lacks, so at most B = TDL - refed nodes; level 0 may use B - CRT of them, the CRT
+reserve going to levels >= 1. With our KV compaction only the root is re-fed (refed = 1; the reference crops its
+cache and re-feeds every accepted token, refed = k + 1).
 
-Simplifications (say them when comparing with the paper):
-- followers are added whole: the first follower that does not fit ends the level (level 0: growth goes on
-  to level 1 with the CRT reserve; deeper levels: growth ends); no partial chains;
-- only the chain's LAST node is expanded at the next level (chain interiors are not leaves);
-- `merge=False` (default, like the reference) keeps duplicate siblings, even identical chains from the two
-  tables; `merge=True` makes the tree a trie: a chain reuses existing children with equal tokens, pays only
-  for its new nodes, and a chain that is already present costs nothing and makes no leaf;
-- a table is anything with `.leader_len` and `.query(leader_tuple) -> list of follower tuples`.
+Simplifications: followers are added whole (the first that does not fit ends the level; level 0 then goes on to
+level 1 with the reserve); only a chain's LAST node is expanded at the next level; `merge=False` (the reference's
+way) keeps duplicate siblings, `merge=True` makes the tree a trie (a chain pays only for its new nodes, one
+already present costs nothing and makes no leaf); a table is anything with `.leader_len` and
+`.query(leader_tuple) -> list of follower tuples`.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ with the committed text) and one forward per further depth; the tree logic is he
 A node is a tuple (score, depth, token, parent, q): `parent` is an index into the node list (ROOT for the
 root's children), `q` the drafter's probability of `token` after its parent, `score` the cumulative log-prob
 along the path (an estimate of the log of the chance the target accepts the path) or, with a `judge` (a
-ConfidenceBudget: the "auto" budget, mechanisms/confidence.py), the log of the node's calibrated value.
+ConfidenceBudget: the "auto" budget, budget/confidence.py), the log of the node's calibrated value.
 
 - expand: at depth d, the `topk` frontier nodes with the best score get a drafter row each (one forward for all
   of them: they see the committed text, their ancestors' rows and themselves, `sees`), and each row gives
@@ -25,17 +25,26 @@ depth, then drafting order.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Protocol, Sequence
 
 import torch
 
-from .budget.confidence import ConfidenceBudget
 from .draft_tree import ROOT, DraftTree
 
 Node = tuple  # (score, depth, token, parent, q)
 # forward(expand, nodes, sees, d): one drafter forward of the `expand` nodes (indices into nodes, all of depth d),
 # row j seeing the tree rows where sees[j] (E, rows so far + E); returns (log-probs (E, topk), tokens (E, topk))
 Forward = Callable[[list, list, torch.Tensor, int], tuple]
+
+
+class Judge(Protocol):
+    """What shapes a tree by calibrated confidence (budget/confidence.ConfidenceBudget, the "auto" budget)."""
+    expected: float  # the last `size`'s expected saving (ms), for the proposal's carry
+
+    def value(self, q: float) -> float: ...  # a node's calibrated acceptance, its drafter probability q
+    def expand(self, values: Sequence[float]) -> int: ...  # how many of the frontier's best to expand
+    def saw_children(self, best: float) -> None: ...  # an expanded node's best child's value
+    def size(self, values: Sequence[float], draft_ms: float = 0.0) -> int: ...  # nodes to verify
 
 
 def top_children(logits: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,7 +54,7 @@ def top_children(logits: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.T
 
 
 def grow(first: tuple, forward: Forward, depth: int, topk: int, keep: int = 0,
-         judge: ConfidenceBudget | None = None) -> list[Node]:
+         judge: Judge | None = None) -> list[Node]:
     """Every node drafted this step (see the module doc). `first`: (log-probs, tokens) lists of the root's
     children; `depth`: the deepest node drafted; `keep`: the size that will be verified (read without a judge)."""
     nodes: list[Node] = []
@@ -114,7 +123,7 @@ def to_tree(root: int, nodes: list[Node], order: list[int]) -> DraftTree:
     return DraftTree(root, [nodes[i][2] for i in order], [index.get(nodes[i][3], ROOT) for i in order])
 
 
-def judged(root: int, nodes: list[Node], judge: ConfidenceBudget, draft_ms: float) -> tuple[DraftTree, int, dict]:
+def judged(root: int, nodes: list[Node], judge: Judge, draft_ms: float) -> tuple[DraftTree, int, dict]:
     """The "auto" budget's tree: (the tree, its size as the judge picked it from the nodes' values, the proposal's
     carry: each verified node's drafter probability, for the calibration, and the step's expected saving).
     `draft_ms`: what this step's drafting cost, at the judge's price per forward."""

@@ -1,6 +1,8 @@
 """The one place that works on a `DynamicCache`'s layers (what transformers names, and the version-sensitive
 calls, are spelled in `compat`).
 
+- `GrowableKV`: one layer's keys and values in preallocated buffers that double when full (write at a slot, read
+  a prefix, crop); `ContiguousLayer` (a DynamicLayer) and EAGLE's `HeadKV` keep their entries in one.
 - `new_cache(model, capacity)`: an empty DynamicCache for a model; with a capacity its layers append in place
   into preallocated buffers (the loop's target cache: no copy of the whole cache per forward).
 - `cache_length(cache)`: tokens the cache holds.
@@ -36,43 +38,91 @@ def new_cache(model, capacity: int | None = None):
     return cache
 
 
+class GrowableKV:
+    """One layer's keys and values in preallocated buffers that grow by doubling: rows written at a slot, a prefix
+    read as views (no copy), `crop` only moves the length. The loop's target and draft caches (ContiguousLayer)
+    and EAGLE's head cache (eagle_head.HeadKV) keep their entries in one of these.
+
+    capacity: the first buffers' slots; shape (B, H, D), dtype, device: allocate them now (else the first write
+    does, shaped like its rows). A write past the slots moves the first `length` rows into buffers of
+    max(capacity, end, 2 x slots) slots: appends cost amortised O(1) copies of the cache."""
+
+    def __init__(self, capacity: int, shape: tuple[int, int, int] | None = None, dtype=None, device=None):
+        self.capacity, self.length = check_int("capacity", capacity, 1), 0
+        self.keys = self.values = None  # (B, H, slots, D) each, slots >= length
+        if shape is not None:
+            batch, heads, dim = shape
+            self.keys = torch.zeros(batch, heads, capacity, dim, dtype=dtype, device=device)  # (B, H, capacity, D)
+            self.values = torch.zeros_like(self.keys)
+
+    @property
+    def slots(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    def adopt(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Hold these (B, H, L, D) tensors as the first L rows (the next write that needs room copies them)."""
+        self.keys, self.values, self.length = keys, values, keys.shape[-2]
+
+    def write(self, start: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store keys, values (B, H, R, D) at slots start..start + R (start <= length: rows after it are dropped);
+        returns the first start + R rows of each buffer (views)."""
+        if not 0 <= start <= self.length:
+            raise ValueError(f"cannot write at slot {start} of a KV holding {self.length} rows")
+        end = start + keys.shape[-2]
+        if end > self.slots:  # grow: the first `start` rows into larger buffers
+            size = max(self.capacity, end, 2 * self.slots)
+            batch, heads, _, dim = keys.shape
+            like = keys if self.keys is None else self.keys  # the buffers keep their dtype and device
+            grown = [torch.empty(batch, heads, size, dim, dtype=like.dtype, device=like.device)  # (B, H, size, D)
+                     for _ in range(2)]
+            if start:
+                grown[0][:, :, :start] = self.keys[:, :, :start]
+                grown[1][:, :, :start] = self.values[:, :, :start]
+            self.keys, self.values = grown
+        self.keys[:, :, start:end] = keys
+        self.values[:, :, start:end] = values
+        self.length = end
+        return self.prefix()
+
+    def prefix(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first `length` rows of keys and values, (B, H, length, D) views."""
+        return self.keys[:, :, :self.length], self.values[:, :, :self.length]
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` rows (nothing is copied or freed)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot crop a KV of {self.length} rows to {length}")
+        self.length = length
+
+
 class ContiguousLayer(compat.DynamicLayer):
     """A DynamicLayer that appends in place. DynamicLayer.update concatenates: every forward copies the layer's
-    whole cache (at 16k tokens the copies cost about as much as the attention of a one-row step on a CPU). This
-    one writes the new rows into a buffer of `capacity` slots (doubled when full) and keeps `keys`/`values` as
-    views of its first entries, so crop and `compact` (which slice and write those views) work unchanged."""
+    whole cache (at a long context the copies cost about as much as a one-row step's attention on a CPU). This
+    one writes the new rows into a GrowableKV and keeps `keys`/`values` as views of its first entries, so crop
+    and `compact` (which slice and write those views) work unchanged."""
 
     def __init__(self, capacity: int):
         super().__init__()
-        self.capacity, self._buffers = capacity, None
+        self.capacity, self._kv = capacity, GrowableKV(capacity)
+
+    @property
+    def _buffers(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The GrowableKV's (keys, values) buffers, (B, kv_heads, slots, head_dim) each (None before a write)."""
+        return None if self._kv.keys is None else (self._kv.keys, self._kv.values)
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        start, rows = (self.keys.shape[-2] if self.keys.dim() == 4 else 0), key_states.shape[-2]
-        if self._buffers is None or start + rows > self._buffers[0].shape[-2] or not self._holds_views():
-            self._reseat(key_states, start, rows)
-        keys, values = self._buffers  # (B, kv_heads, capacity, head_dim) each
-        keys[:, :, start:start + rows] = key_states
-        values[:, :, start:start + rows] = value_states
-        self.keys, self.values = keys[:, :, :start + rows], values[:, :, :start + rows]  # views, no copy
+        start = self.keys.shape[-2] if self.keys.dim() == 4 else 0  # DynamicLayer.crop slices the views
+        if start and not self._holds_views():  # someone replaced keys/values (a concatenation, a deepcopy)
+            self._kv.adopt(self.keys, self.values)
+        self.keys, self.values = self._kv.write(start, key_states, value_states)  # (B, kv_heads, start + R, D)
         return self.keys, self.values
 
     def _holds_views(self) -> bool:
-        """False when someone replaced keys/values by tensors of their own (a concatenation, a deepcopy)."""
-        return self.keys.dim() != 4 or (self.keys.data_ptr() == self._buffers[0].data_ptr()
-                                        and self.values.data_ptr() == self._buffers[1].data_ptr())
-
-    def _reseat(self, key_states, start: int, rows: int) -> None:
-        """New buffers (the first ones, larger ones, or after the views were replaced) holding the entries."""
-        size = max(self.capacity, start + rows, 2 * self._buffers[0].shape[-2] if self._buffers else 0)
-        batch, heads, _, dim = key_states.shape
-        buffers = tuple(torch.empty(batch, heads, size, dim, dtype=key_states.dtype, device=key_states.device)
-                        for _ in range(2))
-        if start:
-            buffers[0][:, :, :start] = self.keys
-            buffers[1][:, :, :start] = self.values
-        self._buffers = buffers
+        """False when keys/values are tensors of their own, not views of the GrowableKV's buffers."""
+        return self._kv.keys is not None and (self.keys.data_ptr() == self._kv.keys.data_ptr()
+                                              and self.values.data_ptr() == self._kv.values.data_ptr())
 
 
 def cache_length(cache) -> int:

@@ -1,39 +1,28 @@
 """Attention masks as small pure functions (mask_mods), composed per forward and rendered per backend.
 
-Cacheback paper §3.2 (tree attention: one forward verifies every branch); the style is attention-gym's: a
-`mask_mod(b, h, q_idx, kv_idx) -> bool` says whether query row q_idx may see key kv_idx. Pieces compose with
-`and_masks` / `or_masks` / `by_rows`, and one renderer turns a composed mask_mod into what a backend takes.
-
-Index convention of the decoding loop's ONE forward: the cache holds `cached` keys; the forward's own rows
-come next, so row r's key has kv index `cached + r`. The rows are, in order (loop.py, verify.build_forward):
+Cacheback paper §3.2 (tree attention: one forward verifies every branch), in attention-gym's style: a
+`mask_mod(b, h, q_idx, kv_idx) -> bool` says whether query row q_idx may see key kv_idx. Notation: R query rows,
+K keys. The loop's ONE forward (verify.build_forward): the cache holds `cached` keys, row r's key is `cached + r`,
+and the rows are, in order:
     pending[:-1]   committed tokens the cache lacks (the prompt on the first step; none afterwards): causal
-    root           the last committed token (row `root_row`)
-    tree nodes     the proposal's DraftTree, insertion order; each sees the prefix, its ancestors and itself
-    side rows      optional extra rows with their own visibility (Lookahead's Jacobi rows, FAFO's fumble rows)
-Positions: pending rows cached.., the root P = len(committed) - 1, a node P + depth, a side row P + its depth.
+    root           the last committed token (row `root_row`), position P = len(committed) - 1
+    tree nodes     the DraftTree in insertion order, position P + depth: the prefix, their ancestors, themselves
+    side rows      their own visibility (Lookahead's Jacobi rows, FAFO's fumble rows), position P + their depth
 
-Pieces (each pure: indexes precomputed tensors, so it works on ints, broadcast index grids, and under vmap):
-- `causal(cached)`: row r sees keys up to its own (kv <= cached + r);
-- `prefix(end)`: keys before `end`;
-- `tree(parents, root_row, cached)`: the root and nodes see keys before the root and their ancestors;
-- `visible(sees, first_row, first_key)`: a block of rows seeing a block of keys through a bool matrix.
-Notation: R query rows, K keys (q is the draft distribution only, package docstring).
-Each piece also states `full_prefix`: how many leading keys EVERY row it covers sees (BlockMask's "full blocks"
-idea at key granularity: prefix(end) -> end, causal(cached) -> cached + 1, visible -> 0; or takes the max, and /
-by_rows the min). The dense renderer fills those columns without calling the mask_mod, so a tree step costs
-O(R * R), not O(R * (cached + R)). A tree whose root is row 0 (every step after the first) also states `rest`,
-its columns past that prefix (the ancestor matrix), so rendering it evaluates no grid at all.
+Pieces, each pure (it indexes precomputed tensors, so it works on ints, broadcast index grids and under vmap):
+`causal(cached)`, `prefix(end)`, `tree(parents, root_row, cached)`, `visible(sees, first_row, first_key)`,
+composed by `and_masks` / `or_masks` / `by_rows`. Each states `full_prefix`, how many leading keys EVERY row
+sees (BlockMask's "full blocks" at key granularity); the dense renderer fills those columns without calling the
+mask_mod, so a tree step costs O(R * R), not O(R * (cached + R)); a tree with its root at row 0 also states
+`rest`, its ancestor matrix, so rendering it evaluates no grid at all.
+
 Renderers: `dense` (bool (R, K), for drawing and checks) and `render` (the backend's format):
-- "sdpa" and "eager": an ADDITIVE float mask (0 = see, finfo(dtype).min = hidden), (1, 1, R, K). A boolean 4D
-  mask is right under sdpa but SILENTLY WRONG under eager (eager adds the mask to the scores: True adds +1),
-  so no boolean mask is ever handed to a model;
+- "sdpa" and "eager": an ADDITIVE float mask (0 = see, finfo(dtype).min = hidden), (1, 1, R, K). A boolean mask
+  is right under sdpa but SILENTLY WRONG under eager (which adds it to the scores), so none is handed to a model;
 - "flex_attention": a BlockMask from `create_block_mask` (on CPU for correctness and teaching, not speed);
 - "bool": the boolean mask itself (drawing and checks only).
 
-Simplifications: batch size 1 and one mask for every head; the dense renderer evaluates the whole (R, K) grid
-(cheap beside the forward, even for a 97-row tree on a CPU; with the tree's `rest`, a step after the first costs
-what a tree mask built by hand does; notebook 02, section 6, times the verify, mask included, against a plain
-forward).
+Simplifications: batch size 1, one mask for every head; `dense` evaluates the whole grid past the full prefix.
 """
 from __future__ import annotations
 

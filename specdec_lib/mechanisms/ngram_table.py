@@ -13,6 +13,9 @@ Recency rules (`NgramTable`), the same as the paper and its reference code:
 Both levels are `OrderedDict`s (a hash map over a doubly linked list, right end = MRU), so lookup, insertion,
 eviction and promotion are O(1) and memory is bounded by LC * (LL + FC * FL) tokens.
 
+Among the library's four n-gram stores (also Lookahead's NgramPool, FAFO's FumblePool, prompt lookup's NgramIndex),
+this is the one capped at both levels (LRU leaders and followers) and the one with a frozen, on-disk twin.
+
 Simplifications and choices: tokens are plain Python ints (tensors and numpy arrays are converted, because a
 tensor element hashes by identity, not value); query returns a fresh list (O(number of followers)) so callers
 cannot corrupt the table; frozen-table ties in frequency are broken by first occurrence in the streams.

@@ -1,37 +1,28 @@
 """Verifying a proposal in ONE target forward, and committing the result to the target's KV cache.
 
 Cacheback paper §3.2 (tree attention: "validate all branches of the tree in parallel as one input"), and the
-speculative-sampling rule of Leviathan et al. 2023 (Appendix A.1) / Chen et al. 2023 for drafts that come with
-their draft distribution q. Notation (package docstring): p = target, q = draft, both warped (sampling.probs).
+speculative-sampling rule of Leviathan et al. 2023 (App. A.1) / Chen et al. 2023 for drafts that come with q.
 
-State between steps: `committed` = prompt + output; the target's cache holds every committed token but the
-last (the *root*), except on the first step, when it is empty. One step:
+Between steps the target's cache holds every committed token but the last (the *root*); on step 1 it is empty.
 1. `build_forward`: rows = the committed tokens the cache lacks (prompt[:-1] on step 1) + root + tree nodes
-   (+ side rows), positions and ONE mask composed from masks.py's pieces. A plain step (no nodes, no side rows)
-   or a chain (`causal_rows`) is a causal forward: no mask at all, so on step 1 it is the prompt's prefill, the
-   chain included. A step with a mask after a long prompt (over PREFILL_ROWS tokens; always in FAFO's store) feeds
-   prompt[:-1] first in a causal forward of its own (`prefill`), so only its own rows meet the mask.
-2. the forward (`run_forward`) keeps the rows of root, nodes and side rows; with `lazy` (models whose logits
-   are exactly lm_head(hidden): PLAIN_HEAD_MODELS) it returns `RowLogits`, projecting a row through the LM
-   head only when read: the walk reads 1 + k of the 1 + n rows.
-3. the verdict:
-   - no q (deterministic drafts: tables, prompt lookup, or greedy): `walk_tree`. From the root pick the
-     target's token for the current row (argmax, or one seeded draw from the warped p); if a child carries it,
-     accept and go on, else it is the next token. Siblings may repeat a token (followers of one leader share
-     prefixes), so the walk follows the SET of nodes spelling the accepted tokens and commits the first node
-     of the deepest set. One draw per emitted token from p given exactly the tokens before it, as
-     autoregressive sampling: for drafts that are a deterministic function of the history, lossless.
-   - q given (a chain drawn from the draft, sampling): `speculative_chain`: accept x_i with probability
-     min(1, p_i(x_i) / q_i(x_i)); at the first rejection draw from norm(max(p_i - q_i, 0)); after a full
-     acceptance draw the bonus from p_{g+1}. Exactly p for every emitted token.
-4. `commit(cache, prefix_len, kept)`: keep prefix + root + the kept accepted nodes' KV in path order
-   (kv_cache.compact): each node's key was rotated at its final position, so nothing is re-fed or re-rotated.
-   Side rows and rejected nodes are dropped by the same call. This is the only code that shrinks the target's
-   cache after a forward (loop.py calls it once per step).
+   (+ side rows), their positions and ONE mask from masks.py's pieces. A plain step or a chain (`causal_rows`)
+   is a causal forward with no mask, so on step 1 it is the prompt's prefill; a masked step after a long prompt
+   (over PREFILL_ROWS tokens; always in FAFO's store) feeds prompt[:-1] first in a causal forward (`prefill`).
+2. `run_forward` keeps the rows of root, nodes and side rows; with `lazy` (PLAIN_HEAD_MODELS) it returns
+   `RowLogits`, projecting a row through the LM head only when read: the walk reads 1 + k of the 1 + n rows.
+3. the verdict. No q (tables, prompt lookup, greedy drafts): `walk_tree` picks the target's token for the
+   current row (argmax, or one seeded draw from p) and follows the SET of nodes spelling the accepted tokens
+   (siblings may repeat a token), committing the first node of the deepest set; one draw per emitted token from
+   p given exactly the tokens before it, so lossless for drafts that are a deterministic function of the history.
+   q given (a chain drawn from the draft): `speculative_chain` accepts x_i with probability
+   min(1, p_i(x_i) / q_i(x_i)), draws from norm(max(p_i - q_i, 0)) at the first rejection, else the bonus from
+   p_{g+1}: exactly p for every emitted token.
+4. `commit(cache, prefix_len, kept)`: keep prefix + root + the accepted nodes' KV in path order
+   (kv_cache.compact; each key was rotated at its final position, so nothing is re-fed); side rows and rejected
+   nodes are dropped. The only code that shrinks the target's cache after a forward.
 
-Simplifications: batch size 1; full-attention caches; q-based verification takes a chain only (a sampled
-multi-branch tree would need recursive rejection sampling, SpecInfer-style); side rows see the committed text
-(optionally filtered) and each other, never the tree nodes.
+Simplifications: batch size 1; full-attention caches; q-based verification takes a chain only (a sampled tree
+would need SpecInfer-style recursive rejection sampling); side rows never see the tree nodes.
 """
 from __future__ import annotations
 
@@ -55,7 +46,7 @@ class SideRows:
 
     tokens[i] sits at position root + depths[i]; it sees the committed text (only the keys where
     `prefix_mod(kv_idx)` is True, when given; only the compression's C(kv) when `compressed`, which needs the
-    target's cache to be a flex_layout.FlexLayoutStore) and side row j where sees[i, j]. `logits_rows`: the
+    target's cache to be a store.layout.FlexLayoutStore) and side row j where sees[i, j]. `logits_rows`: the
     side rows whose logits `verify` returns (all when None): FAFO reads one row per stream."""
     tokens: list[int]
     depths: list[int]
@@ -86,7 +77,7 @@ class Proposal:
     budget a proposer chose for the step under the key "draft_size"), and `carry`: what the proposer's own
     `observe` needs of this step (it gets the proposal back as verdict.proposal), kept off the proposer.
     `compressed_root`: the root row sees C(kv) only, like a compressed side row (decoding under a KV
-    compression, not lossless; the target's cache must be a flex_layout.FlexLayoutStore).
+    compression, not lossless; the target's cache must be a store.layout.FlexLayoutStore).
     `features`: the proposer reads the target's final hidden states (EAGLE's head): the rows come back as
     RowLogits whatever the loop's lazy_head, and the committed tokens this forward feeds before the root (the
     prompt on step 1) keep theirs in `RowLogits.context`."""
@@ -169,8 +160,7 @@ def lazy_head_ok(target) -> bool:
 
 # a masked step (a tree, side rows) after at most this many committed tokens the cache lacks (the prompt, on the
 # first step) feeds them in its own forward, masked with the rest; after more, a causal prefill comes first
-# (`prefill`): its P x P mask would cost more than the second forward saves (SmolLM2 on a CPU: a 174-token prompt
-# and Lookahead's first step paid 240 ms for the prefill and 80-110 ms more for the step's own rows apart)
+# (`prefill`): past this length the P x P mask of one combined forward costs more than a second forward does
 PREFILL_ROWS = 512
 
 

@@ -5,7 +5,7 @@ step's forward is the prompt's prefill and yields the first token, so accept_len
 With a seed, its samples are one seeded draw per token from the warped p: a method whose drafts are a
 deterministic function of the history (tables, prompt lookup) draws the same tokens under the same seed.
 
-`greedy_through_store` runs the same proposer with the target reading a given flex_layout.FlexLayoutStore
+`greedy_through_store` runs the same proposer with the target reading a given store.layout.FlexLayoutStore
 (notebook 05 decodes through the block layout it builds): lossless with full rows, and with compressed=True
 every decoded row sees only what the store's compression keeps (StreamingLLM / Quest attention, not lossless).
 

@@ -1,48 +1,28 @@
 """Cacheback decoding end to end: LRU n-gram tables -> draft tree -> one tree forward -> KV compaction.
 
 Paper: Ma, Gim, Zhong, "Cacheback: Speculative Decoding With Nothing But Cache": §3.1 the LRU table
-(ngram_table.NgramTable), §3.2 breadth-first tree growth under TDL/CRT (draft_tree.grow_tree), one-forward
-tree verification and the sliding-window table update after every step, §3.3 the dual tables (dynamic first,
-then the frozen corpus table; the dynamic one cleared per generation and seeded with the prompt). Defaults
-are the paper's (§4): LL=1, FL=3, LC=2^20, FC=128, but TDL="auto" (chosen from this machine's cost curve,
-below; the paper's TDL=96, CRT=16 is tdl=96).
+(ngram_table.NgramTable), §3.2 breadth-first tree growth under TDL/CRT (draft_tree.grow_tree), one-forward tree
+verification and the sliding-window table update after every step, §3.3 the dual tables (dynamic first, cleared
+per generation and seeded with the prompt; then the frozen corpus table, resolved by tables.resolve_frozen: see
+the class docstring). Defaults are the paper's (§4): LL=1, FL=3, LC=2^20, FC=128; TDL "auto" (tdl=96: the paper's).
 
 One step, committed = prompt + output so far, the cache holding all of it but the last token (the root):
     draft:   tree = grow_tree(committed[-LL:], [dynamic, frozen], TDL, CRT, refed=1, merge)
-    verify:  ONE target forward of root + tree (the loop's verify), walk it (greedy, or one seeded draw per
-             emitted token: exactly lossless, since the drafts are a deterministic function of the history)
-    commit:  keep the accepted path's KV entries in place (kv_cache.compact): nothing is re-fed, so TDL
-             only pays for the root (refed=1; the reference crops and re-feeds every accepted token)
+    verify:  ONE target forward of root + tree, walked by the loop (greedy, or one seeded draw per emitted token:
+             exactly lossless, the drafts being a deterministic function of the history); only the rows the walk
+             reads go through the LM head (lazy_head=True, verify.RowLogits: a large share of a small model's row)
+    commit:  the accepted path's KV stays in place (kv_cache.compact): nothing is re-fed (the reference crops, re-feeds)
     update:  dynamic.update_new over the newly emitted tokens (the next token included)
+This module is the proposer (`propose`, `observe`); verify, commit, prefill and step records are loop.py's.
 
-This module is the proposer (tables -> `propose` a tree, `observe` -> table update); verification, commit,
-prefill (folded into the first forward, for every attention backend) and the per-step records are the one
-loop's (loop.py).
+tdl="auto" (mechanisms/budget/): each step the TDL of TDL_LADDER that maximises expected tokens / t(1 + tree
+size), t the target's cost curve read at the current context (each full-context row reads every key, so the tree
+shrinks as the context grows); TDL 2 drafts nothing (a plain step). The neighbouring TDLs' trees are regrown (table
+lookups, cheap next to a forward) to learn their yields from the emitted path; every 16th step probes the next
+larger TDL. CRT, when not given, scales with TDL as in the paper (`scaled_crt`).
 
-Frozen tables: frozen=True with the pair's tokenizer (the harness and the notebooks pass it) takes the table of
-that tokenizer: the shipped one for (LL, FL) when it was counted with it, else one counted earlier, else counts
-it now from the standard-library corpus, once (tables.ensure_frozen_table, cached on disk); without a tokenizer
-it takes the shipped table when it fits the vocabulary. frozen="build" is the same, and needs the tokenizer; a
-path or a table is used as given. dynamic=False drafts from the frozen table alone (Table 1).
-The verifying forward projects only the tree rows the walk reads through the LM head (lazy_head=True,
-verify.RowLogits): on a CPU that is a sixth of the tiny target's work per row.
-
-Draft budget from this machine (mechanisms/budget.py): tdl="auto" picks, each step, a TDL of the
-ladder TDL_LADDER (2 .. 96) that maximises expected tokens / t(1 + tree size), t the target's forward cost
-measured here after several context lengths (cached per device + model + dtype + prefix; `costs=` injects one, a
-CostCurve, a ContextCosts or {rows: ms}) and read at the current context, so the tree shrinks as the context
-grows (each full-context row reads every key: at 16k tokens a CPU pays for every one of them); its lowest rung,
-TDL 2, drafts nothing (a plain step), for when any draft costs more than it yields. Each
-step also regrows the trees of the 2 next smaller TDLs and the next larger one (tens of microseconds each) to
-learn, from the emitted path, what they would have yielded; every 16th step verifies the next larger TDL (a
-probe). The first step uses the largest TDL whose forward is nearly free (a small one on a CPU; never TDL 2).
-CRT, when not given, scales with TDL as in the paper (round(TDL / 6): 16 at 96), but at least FL (a smaller
-reserve never grows a second level), and 0 where the TDL holds one level-0 chain at most; with tdl="auto" a given
-crt is used for every TDL that admits it.
-
-Simplifications: batch size 1; the vocabulary check without a tokenizer compares sizes only (pass
-tokenizer= for the hash check); the loop cuts the last steps' trees to the depth that can still be
-emitted (max_new_tokens), and EOS inside an accepted run cuts the output (Request.trim) and the cache.
+Simplifications: batch size 1; without a tokenizer the vocabulary check compares sizes only; the loop cuts the last
+steps' trees to what can still be emitted, and an EOS inside an accepted run cuts the output and the cache.
 """
 from __future__ import annotations
 
@@ -80,8 +60,9 @@ class Cacheback(Proposer):
     warned once), False, "build" (count one from the corpus now, cached; needs tokenizer=), a path or a table.
     dynamic=False: the frozen table alone (Table 1's "only frozen"; then a frozen table is required).
     tokenizer: checks (and, with frozen="build", counts) the frozen table with the target's tokenizer.
-    tdl: an int >= 2, or "auto" (chosen each step from the cost curve; costs= injects the curve). crt: None
-    (round(TDL / 6), at least FL) or an int."""
+    tdl: an int >= 2, or "auto" (chosen each step from the cost curve; costs= injects the curve; the first step
+    takes the largest TDL whose forward is nearly free). crt: None (round(TDL / 6), at least FL; 0 where the TDL
+    holds one level-0 chain at most) or an int (with tdl="auto": used for every TDL that admits it)."""
 
     def __init__(self, ll: int = 1, fl: int = 3, lc: int = 2**20, fc: int = 128, tdl: int | str = "auto",
                  crt: int | None = None, merge: bool = False, frozen=True, dynamic: bool = True, tokenizer=None,

@@ -1,70 +1,28 @@
 """CARD: parallel query-and-correct (Zhou et al., "A Cache-Assisted Parallel Speculative Decoding Framework
-via Query-and-Correct Paradigm", §2): the proposer. The mechanism lives in mechanisms/: the drafter's width-K
-tree, its layers, the query (greedy descent, or a chain drawn from q: why that is lossless) and the correction in
-card_tree.py; the three drafters that grow it beside the target (`mode` "sync", "thread", "process"), their one
-interface and how each runs, in card_drafter.py (the process drafter in card_process.py). What this module adds
-is the target's side:
+via Query-and-Correct Paradigm", §2): the target's side. The drafter's width-K tree, the query (greedy descent,
+or a chain drawn from q: why that is lossless) and the correction are mechanisms/card/tree.py; the drafters that
+grow it beside the target (`mode` "sync", "thread", "process") are mechanisms/card/drafter.py and process.py.
 
     start:   a drafter of `mode` from the prompt (the first layer feeds it to the draft)
     propose: wait until the tree is ready, query ONE chain from it; the loop verifies it as a chain
     observe: hand the drafter the correction (hit: prune to the subtree; miss: reset from the correct token)
 
-- readiness (`_ready`, every mode): `ratio` layers since the last query and a tree at least `ratio` deep (on the
-  first step and after a miss the target waits for the drafter), or a tree the drafter cannot grow (at
-  `draft_depth`, the drafter's depth limit ahead of the root). Sync mode grows its `ratio` layers right after
-  the query, where they would run beside the target's verify.
-- the chain is at most `draft_depth - 1` deep: the drafter's deepest layer then still holds the children of the
-  chain's last node, so a fully accepted chain's bonus can be a hit.
-- threads: beside a CPU target the drafter gets one intra-op thread, and the target one too in thread mode
-  (torch.set_num_threads is process-global: set in start, restored when the drafter closes) or the rest in
-  process mode (at least one); a GPU target keeps the CPU threads it had, and a CPU drafter thread gets as
-  many. A drafter process always runs one thread (a forked child's OpenMP deadlocks otherwise: card_process).
-  `finish` closes the drafter on every exit: EOS, max_new_tokens, or an exception on either side.
-- `draft_device="cpu"` (thread or process mode): the paper's second GPU, on a machine with one GPU, as the CPU
-  cores beside it: the drafter works on a float32 copy of the draft (`draft_on`, made once per draft model), and
-  a sampled chain's q rows travel to the target's device. The other reading, a second CUDA stream, is thread mode
-  with the draft on the GPU.
+Ready: `ratio` layers since the last query and a tree at least `ratio` deep (on the first step and after a miss
+the target waits for the drafter), or a tree the drafter cannot grow (at `draft_depth`). A chain is at most
+draft_depth - 1 deep, so a fully accepted chain's bonus can be a hit; `finish` closes the drafter on every exit.
 
-Ablation (`correction=False`, sync mode only; the paper's Table 2 "+ Cache (query but don't correct)"): the
-target queries the tree but never corrects the drafter. The drafter keeps growing its tree from the old root;
-the target descends from the node that spells the committed text (`anchor`), and when the committed text has
-left the tree (a miss) it has nothing to verify but its own next token until the drafter, at draft_depth with
-nothing left to draft, restarts from the committed text.
+Budgets: `query` caps the chain ("auto": budget.ChainBudget, drafting counted as free: the drafter works anyway).
+width="auto" drafts with AUTO_WIDTH only while a drafted step, MEASURED from propose to observe (drafter layers,
+tree bookkeeping, what the drafter beside it slows the target: nothing a curve of target forwards prices), yields
+more per unit of time than a plain step; else the target decodes plainly and probes the drafter now and then
+(budget.SideBudget). K itself is never chosen: the hit rate another K would have had cannot be read off a step.
 
-Draft budget: `query` caps the chain the target verifies per step (None: draft_depth - 1, as above);
-`query="auto"` picks it each step like draft_model's gamma="auto" (mechanisms/budget.ChainBudget; drafting counts
-as free, since the drafter works whether or not the target reads its deeper layers, and a shorter query keeps
-them). The width K stays fixed: it shapes the layers the drafter has already grown when the target's verdict
-arrives, and the hit rate a different K would have had cannot be read off the step (its tree would differ).
-
-Drafting at all: `width="auto"` (the default) drafts with AUTO_WIDTH while that pays (budget.SideBudget): a step
-without the drafter is exactly a plain step, so every drafted step records what it yielded and what it took
-against one token for a plain step's time: as measured on this generation's own plain steps once there are some
-(their decayed mean: the loop's Python work and the verdict included), before that the cost curve's t(1), which
-prices the forward alone and so favours plain steps until one is measured. What a drafted step takes is MEASURED (from
-propose to observe, plus the last correction): the drafter's layers (sync mode), the tree's bookkeeping in Python
-and, in the concurrent modes, what the drafter beside it slows the target, none of which a curve of target
-forwards prices. When drafting loses, the target decodes plainly and the drafter is left as it is; every 64 steps
-it is corrected to the committed text (a miss: it restarts from there) and tried again for 6 steps. Other widths are not
-candidates: the hit rate a different K would have had cannot be read off the step. The ablation below
-(correction=False) always drafts: it never corrects the drafter, so it could not restart it.
-
-Per-step info: card_nodes (tree size at the query), card_layers (layers since the previous query), hit (in
-process mode as the parent's copy of the tree says), draft_size (the query's cap: chosen with query="auto").
-stats(): hit rate, draft layers, config, and in thread and process modes the busy intervals (perf_counter
-start/end of each draft forward and of each target step = propose's return to observe's call) for a Gantt /
-overlap figure (bench/timeline.py); thread mode also counts the layers discarded by a correction.
-
-The target's tree (`tree=N`, an extension beyond the paper, which verifies one chain): the target verifies the
-drafter's N best nodes by cumulative score (card_tree.ScoredTree.query_tree, at most draft_depth - 1 deep) in one
-forward with the tree mask, as EAGLE and draft_model's tree do. The drafter's width-K layers already hold the
-runner-up children a chain throws away; verifying them costs rows, not draft forwards. The tree is a
-deterministic function of the drafter's tree, so under sampling the loop's tree walk keeps the output exactly p
-(no q, no speculative-sampling rule). The correction is the same: the committed tokens walk down the tree.
-
-Simplifications: the paper's two processes on two GPUs are two processes on one CPU, or one process (threads,
-or none), or a GPU target beside a CPU drafter or a second stream; the paper's target verifies one chain (`tree=`
-verifies the drafter's best nodes instead: tree attention on the target side too); a tree's size is fixed.
+Beyond the paper: `tree=N` verifies the drafter's N best nodes in one tree forward instead of one chain (its
+runner-up children are already grown; the tree is a deterministic function of the drafter's, so the loop's walk
+stays exactly lossless). Ablation `correction=False` (sync mode; Table 2's "+ Cache (query but don't correct)").
+Simplifications: the paper's two processes on two GPUs are two processes on one CPU, threads, or one process
+(sync), or a GPU target beside a CPU drafter (`draft_device="cpu"`) or a second stream (thread mode, draft on the
+GPU); a tree's size is fixed; batch size 1.
 """
 from __future__ import annotations
 
@@ -104,7 +62,37 @@ def draft_on(draft, device: str | None):
 
 @register_proposer("card", needs_draft=True)
 class Card(Proposer):
-    """CARD (query-and-correct): a width-K draft tree grown in parallel, one chain verified per step."""
+    """CARD (query-and-correct): a width-K draft tree grown in parallel, one chain verified per step.
+
+    width: K, or "auto": AUTO_WIDTH while drafting pays. Every drafted step records what it yielded and what it
+    took (propose to observe, plus the last correction) against one token per plain step's time: the decayed mean
+    (PLAIN_DECAY) of this generation's own plain steps once there are some (the loop's Python work and the verdict
+    included), before that the cost curve's t(1), which prices the forward alone and so favours plain steps until
+    one is measured. When drafting loses the drafter is left as it is; every PROBE_EVERY plain steps it is
+    corrected to the committed text (a miss: it restarts there) and tried for PROBE_STEPS steps. The ablation
+    (correction=False) always drafts: it never corrects the drafter, so it could not restart it.
+    ratio: layers per query (sync mode grows them right after the query, where they would run beside the target's
+    verify). mode: "sync", "thread" or "process". draft_depth: the drafter's depth limit ahead of the root.
+    query: the chain's cap (None: draft_depth - 1; "auto": from the cost curve, `costs=` injects one).
+    tree: the target verifies the drafter's N best nodes by cumulative score (card.tree.ScoredTree.query_tree, at
+    most draft_depth - 1 deep) with the tree mask, as EAGLE and draft_model's tree do; the correction is the same.
+    correction=False (sync mode only): the target queries the tree but never corrects the drafter, which keeps
+    growing from the old root; the target descends from the node spelling the committed text (`anchor`), and after
+    a miss verifies nothing but its own next token until the drafter, at draft_depth, restarts from the text.
+    draft_device="cpu" (thread or process mode): the paper's second GPU, on a machine with one GPU, as the CPU
+    cores beside it: the drafter works on a float32 copy of the draft (`draft_on`, made once per draft model), and
+    a sampled chain's q rows travel to the target's device.
+
+    Threads: beside a CPU target the drafter gets one intra-op thread, and the target one too in thread mode
+    (torch.set_num_threads is process-global: set in start, restored when the drafter closes) or the rest in
+    process mode (at least one); a GPU target keeps the CPU threads it had, and a CPU drafter thread gets as many.
+    A drafter process always runs one thread (a forked child's OpenMP deadlocks otherwise: mechanisms/card/process).
+
+    Per-step info: card_nodes (tree size at the query), card_layers (layers since the previous query), hit (in
+    process mode as the parent's copy of the tree says), draft_size (the query's cap). stats(): hit rate, draft
+    layers, config, and in thread and process modes the busy intervals (perf_counter start/end of each draft
+    forward and of each target step = propose's return to observe's call) for a Gantt / overlap figure
+    (bench/timeline.py); thread mode also counts the layers discarded by a correction."""
 
     def __init__(self, width: int | str = "auto", ratio: int = 2, mode: str = "sync", draft_depth: int = 12,
                  correction: bool = True, query: int | str | None = None, costs=None,

@@ -1,70 +1,28 @@
 """Draft-model speculative decoding: a small draft proposes gamma tokens, the target checks them in one forward.
 
 Leviathan, Kalman & Matias 2023 ("Fast Inference from Transformers via Speculative Decoding") and Chen et al.
-2023 ("Accelerating Large Language Model Decoding with Speculative Sampling"). The KV-cache handling follows
-the four scenarios of Clay's note "Implementation Notes on Integrating Speculative Decoding with KV Cache":
+2023 ("Accelerating Large Language Model Decoding with Speculative Sampling"). This module is the proposer:
+`propose` drafts g = min(gamma, tokens left - 1) tokens one draft forward each (x_i = argmax q_i, or x_i ~ q_i
+with q kept), `observe` rolls the draft's cache back. The target's ONE forward over the drafts, the verdict
+(greedy: accept while x_i = argmax p_i; sampling: verify.speculative_chain accepts x_i with probability
+min(1, p_i(x_i) / q_i(x_i)), draws from norm(max(p_i - q_i, 0)) at the first rejection, the bonus from p_{g+1};
+every token has probability exactly p, Appendix A.1) and the commit are the loop's.
+KV caches follow the four scenarios of Clay's note "Implementation Notes on Integrating Speculative Decoding with
+KV Cache": (1) first step: the draft prefills the prompt as its first draft forward, the target's prefill is its
+first verification (accept_lengths[0] counts the accepted drafts + 1); (2) k < g accepted: both caches roll back
+to the committed text but its last token, which each model is fed next; (3) all g accepted: the draft never fed
+its last draft, so it is fed [last draft, bonus]; (4) EOS or max_new_tokens inside the run: `Request.trim`.
 
-1. first step: both caches are empty. The draft prefills the prompt as its first draft forward, and the
-   target's first forward is prompt + drafts: prefill and first verification are one forward (as in HF's
-   assisted generation), so accept_lengths[0] counts the accepted drafts + 1.
-2. k < gamma drafts accepted: both caches are rolled back to the committed tokens minus the last one (the
-   target's own token, which nobody has fed yet); next step each model's input starts with that one token.
-3. all gamma accepted: the draft never fed its last draft, so it is two tokens behind: its next input is
-   [last draft, bonus token] (the target's is still one token).
-4. EOS inside the accepted run, or max_new_tokens reached: the step's tokens are cut by `Request.trim`.
-   No step drafts more than can be emitted: gamma_eff = min(gamma, remaining - 1), since the step adds
-   gamma_eff + 1 tokens at most.
+A tree (topk > 1, beyond the two papers, as SpecInfer and EAGLE-2 draft): each draft forward expands the k
+likeliest frontier nodes at once under a tree mask, and the target verifies the best nodes in one forward
+(mechanisms/dynamic_tree.py, the draft model in EAGLE's head's place). k rows cost a draft forward little more
+than one (the weights are read once), so a tree drafts k x the tokens for about a chain's forwards. The tree is a
+deterministic function of the committed text: the loop's tree walk keeps sampling exact (verify.walk_tree, no q).
+gamma="auto" picks the budget from this machine's costs (mechanisms/budget/; the class doc says how).
 
-Notation (package docstring): p target, q draft, both warped by temperature/top-k/top-p (sampling.probs).
-One step, committed = prompt + output so far, g = gamma_eff:
-    draft:  feed committed[d:] (1 or 2 tokens; the prompt on step 1), then its own drafts one at a time:
-            x_1..x_g, x_i = argmax q_i or x_i ~ q_i                       (g draft forwards)
-    target: ONE forward of committed[t:] + [x_1..x_g]; its last g + 1 rows are p_1..p_{g+1}
-    verify: greedy: accept x_i while x_i == argmax p_i, then add argmax p_{k+1};
-            sampling: accept x_i with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection draw
-            from norm(max(p_i - q_i, 0)); when all g are accepted draw the bonus from p_{g+1}.
-    commit: the loop compacts the target's cache; `observe` rolls the draft's back (`TrackedCache.commit`).
-The draft and the verdict are the proposer's and verify.py's: this module is `propose` (draft g tokens, with
-q when sampling) and `observe` (draft-cache rollback, the adaptive schedule). The target's side (one forward,
-greedy walk or the speculative-sampling rule verify.speculative_chain, the commit) is the one loop's. The rule
-emits every token with probability exactly p (Leviathan et al., Appendix A.1): the contract test checks it
-against an exact enumeration, with a negative control.
-
-Draft budget from this machine (mechanisms/budget.py): gamma="auto" picks, each step, the gamma in
-0..16 (0: a plain step, where no draft pays; a draft is probed again every 16 such steps) maximising
-E[tokens | gamma] / (gamma x t_draft(1) + t_target(gamma + 1)), E from the per-depth acceptance
-counted online, t_draft and t_target the two models' forward costs measured here once (cached per device +
-model + dtype; `costs=` / `draft_costs=` inject them). A draft forward in the loop costs more than the curve's
-(its cache's bookkeeping, the rollback, Python: on SmolLM2's draft on a CPU ~5-7 ms against 4.3, enough to make
-g = 2 look 5 % faster than plain when it was slower), so t_draft(1) is corrected online to what this
-generation's one- and two-token draft forwards took (an average moving at DRAFT_MS_RATE), plus the rollback's
-time per drafted step, under greedy decoding (under sampling a seed must reproduce its tokens, so the choices may
-not follow the machine's speed); injected draft_costs are taken as given (tests, what-ifs). adaptive=True is HF's
-heuristic instead (+2 after a full acceptance, -1 otherwise, blind to costs); the two exclude each other.
-
-A tree (topk > 1; an extension beyond the two papers, as SpecInfer and EAGLE-2 draft): one chain spends every
-draft forward on the draft's argmax, and a weak draft's second choice is often the target's token. With topk = k,
-each draft forward expands the k likeliest frontier nodes at once (their rows see the committed text, their
-ancestors' rows and their own: a tree mask over the draft's DynamicCache), each giving its k likeliest children,
-and the target verifies the best nodes in ONE forward with the tree mask (EAGLE-2's expansion and rerank,
-mechanisms/dynamic_tree.py, here with the draft model in the head's place):
-    draft:  feed committed[d:] (the root and last step's accepted tokens: one forward, the root's children),
-            then one forward per further depth (at most `depth`); scores: cumulative draft log-probs
-    target: ONE forward of the root + the kept nodes (gamma of them, or "auto") with the tree mask
-    commit: the draft's cache is cut back to the committed text (its tree rows are dropped, nothing re-rotated):
-            next step's catch-up feeds the accepted tokens
-A forward of k rows costs a draft little more than one row (the weights are read once: SmolLM2's draft, 4 rows
-at 1.3x one on a 2-core CPU without AVX2), so a tree drafts k x the tokens for about the chain's forwards. gamma is then the number of nodes verified; "auto" is EAGLE's confidence budget
-(mechanisms/confidence.py: the draft's probabilities, calibrated against the target's verdicts, decide how deep
-to draft and how many nodes to verify, a draft forward priced as measured here). The tree is a deterministic
-function of the committed text (top-k, no coin), so under sampling the loop's tree walk keeps the output exactly
-p (verify.walk_tree; no q, no speculative-sampling rule, a little lower acceptance than the rule would give).
-
-Simplifications: batch size 1; draft and target on one device and sharing a tokenizer; no confidence-based
-early stop of a chain (HF's assistant_confidence_threshold; a tree stops where its confidence says); a chain
-stops drafting at EOS (nothing after it can be emitted; a tree may draft past one: the loop's EOS cut drops
-what follows it); the adaptive schedule is HF's "heuristic" one; a tree's draft rows of accepted nodes are
-re-fed next step rather than compacted (kv_cache.compact would keep them: the catch-up is one forward anyway).
+Left out: batch size > 1; a draft on another device or tokenizer; a chain's confidence-based early stop (HF's
+assistant_confidence_threshold); adaptive schedules other than HF's "heuristic"; compacting a tree's accepted
+draft rows (they are re-fed next step: the catch-up is one forward anyway).
 """
 from __future__ import annotations
 
@@ -94,8 +52,19 @@ class DraftModel(Proposer):
     tree (topk > 1); one-forward verification, draft-cache rollback.
 
     gamma: drafted tokens verified per step (a chain's length, a tree's nodes), an int >= 1, or "auto" (from the
-    measured costs; costs=/draft_costs= inject them). adaptive: HF's heuristic schedule (a chain's). topk: 1, or
-    the children per expanded node and nodes expanded per depth of a tree; depth: a tree's deepest draft."""
+    measured costs; costs=/draft_costs= inject them). adaptive: HF's heuristic schedule for a chain's gamma (+2
+    after a full acceptance, -1 otherwise, blind to costs; not with "auto"). topk: 1, or the children per expanded
+    node and nodes expanded per depth of a tree; depth: a tree's deepest draft.
+
+    gamma="auto", a chain (budget.ChainBudget): each step the g in 0..AUTO_MAX_GAMMA (0: a plain step; a draft is
+    probed again later) maximising E[tokens | g] / (g x t_draft(1) + t_target(g + 1)), E from the per-depth
+    acceptance counted online, t_draft and t_target the two models' forward costs measured here once (cached per
+    device + model + dtype). A draft forward in the loop costs more than its curve's (cache bookkeeping, the
+    rollback, Python), so under greedy decoding t_draft(1) and the rollback move to what this generation's draft
+    forwards took (DRAFT_MS_RATE); under sampling, or when injected, they stay put (a seed must reproduce its
+    tokens, whatever the machine's speed). A tree: EAGLE-2's confidence budget (budget.ConfidenceBudget: the
+    draft's probabilities, calibrated against the verdicts, decide how deep to draft and which TREE_LADDER size to
+    verify, a draft forward priced as timed here)."""
 
     def __init__(self, gamma: int | str = "auto", adaptive: bool = False, costs=None, draft_costs=None,
                  topk: int = 1, depth: int | None = None):
@@ -180,25 +149,22 @@ class DraftModel(Proposer):
     def _propose_tree(self, state: LoopState, max_depth: int) -> Proposal:
         """The draft's dynamic tree (module doc, "A tree"): catch up, grow, keep the best, drop the tree rows."""
         committed, root = state.committed, state.committed[-1]
-        judge = self.budget.chooser  # a ConfidenceBudget under "auto", else None
-        if max_depth < 1 or (judge is not None and not judge.drafting(len(committed))):
-            return Proposal(DraftTree(root), info=self.budget.info(0))  # a plain step: the draft catches up later
+        # "auto": 0 when drafting does not pay here (a plain step: the draft catches up later); fixed: gamma
+        if max_depth < 1 or self.budget.choose(len(committed)) == 0:
+            return Proposal(DraftTree(root), info=self.budget.info(0))
         start, before = time.perf_counter(), self.draft_forwards
         feed = committed[len(self.draft.tokens):]  # the root and last step's accepted tokens (the prompt on step 1)
         logp, toks = dynamic_tree.top_children(self.draft.feed(feed), self.topk)  # (1, topk) each: the root's
         self.draft_forwards += 1
-        nodes = dynamic_tree.grow((logp[0].tolist(), toks[0].tolist()), self._tree_forward(),
-                                  min(self.depth, max_depth), self.topk, 0 if judge else self.gamma, judge)
+        nodes = self.budget.grow((logp[0].tolist(), toks[0].tolist()), self._tree_forward(),
+                                 min(self.depth, max_depth), self.topk)
         kv_cache.rollback(self.draft.cache, len(self.draft.tokens))  # the tree rows go; the committed text stays
-        if judge is None:
-            order = dynamic_tree.kept(nodes, self.gamma)
-            return Proposal(dynamic_tree.to_tree(root, nodes, order), info=self.budget.info(self.gamma))
         forwards = self.draft_forwards - before
-        if judge.learn_head and len(feed) <= self.depth + 1:  # a usual catch-up (not the prompt, not plain steps')
-            judge.record_draft(1e3 * (time.perf_counter() - start), forwards)
-        # the verdict teaches the calibration (each verified node's draft probability), the expected saving
-        # whether drafting pays
-        tree, size, carry = dynamic_tree.judged(root, nodes, judge, judge.head_ms * forwards)
+        if len(feed) <= self.depth + 1:  # a usual catch-up (not the prompt, not plain steps')
+            self.budget.record_draft(1e3 * (time.perf_counter() - start), forwards)
+        # under "auto" the verdict teaches the calibration (each verified node's draft probability), the expected
+        # saving whether drafting pays
+        tree, size, carry = self.budget.keep(root, nodes, forwards)
         return Proposal(tree, info=self.budget.info(size), carry=carry)
 
     def _tree_forward(self):

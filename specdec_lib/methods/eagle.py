@@ -1,45 +1,28 @@
 """EAGLE-2: a feature-level head drafts a dynamic tree, the target verifies it in one forward (a loop proposer).
 
-Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty" (the head: eagle_head.py)
-and "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees" (the tree). One step, the root
-c_T at position T (committed, not yet in the target's cache), the head's cache holding rows 0..T-2:
+Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty" (the head: models/
+eagle_head.py) and "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees" (the tree). One step,
+the root c_T at position T (committed, not yet in the target's cache), the head's cache holding rows 0..T-2:
 
-1. catch up: feed the head the rows whose features the last verify forward computed: (f_t, embed(c_{t+1})) for
-   the root and accepted tokens of the last step (the whole prompt on step 2). Its last row predicts f^_T, read
-   by the target's LM head: the root's children (depth 1), the top `topk` tokens, each scored by its log-prob.
-2. expand (EAGLE-2's "expansion"): for depth d = 1 .. depth-1, the `topk` nodes of depth d with the best
-   *cumulative* log-prob (the product of the head's probabilities along the path: an estimate of the chance the
-   target accepts the path) each get a head row (f^ of their parent's row, embed(token)) at position T + d - 1,
-   seeing the committed rows and their own ancestors' rows (a tree mask); each row gives `topk` children.
-   A node whose score is below the `budget`-th best so far is not expanded (its children could not be kept),
-   so an unsure head stops drafting early.
-3. rerank: of every node drafted, keep the `budget` with the best cumulative log-prob. A child never scores
-   above its parent, so the kept set is a tree (parents come along on ties); ordered by depth, it is the
-   DraftTree the loop verifies, in ONE target forward with the tree mask (verify.py). Steps 2-3 are
-   mechanisms/dynamic_tree.py (a draft model grows the same tree: draft_model with topk > 1).
-4. observe: the verify forward's rows hold the target's final hidden state of the root and of every accepted
-   node (verify.RowLogits.hidden): they are the next step's catch-up features, so no extra target pass is paid.
-   The head's cache drops this step's tree rows (a length cut: HeadKV.crop) and keeps the exact ones.
+1. catch up: feed the head (f_t, embed(c_{t+1})) for the root and last step's accepted tokens (the whole prompt
+   on step 2), features the last verify forward computed; its last row predicts f^_T, which the target's LM head
+   reads: the root's `topk` children (depth 1), each scored by its log-prob.
+2. expand: per depth d, the `topk` nodes with the best cumulative log-prob (an estimate of the chance the target
+   accepts the path) each get a head row (f^ of their parent's row, embed(token)) at position T + d - 1 under a
+   tree mask, each giving `topk` children; a node below the `budget`-th best score is not expanded.
+3. rerank: the `budget` best nodes (a tree: a child never scores above its parent), verified in ONE target
+   forward with the tree mask (verify.py). Steps 2-3 are mechanisms/dynamic_tree.py.
+4. observe: the verify forward's rows hold the target's hidden states of the root and accepted nodes
+   (verify.RowLogits.hidden): the next catch-up's features, with no extra target pass. The head's cache drops the
+   tree rows (HeadKV.crop). Step 1, with no features yet, is a plain step keeping the prompt's (Proposal.features).
+The drafts are a deterministic function of the committed text, so the tree walk is lossless under greedy decoding
+and sampling alike (verify.walk_tree). budget="auto": the head's calibrated confidence picks each step's depth and
+size on this machine's cost curve, or a plain step where drafting does not pay (mechanisms/budget/confidence.py;
+the class doc says how a head forward is priced).
 
-Step 1 has no features yet: it is a plain step whose forward keeps the prompt's hidden states (Proposal.features).
-
-The drafts are a deterministic function of the committed text (top-k, no coin), so the tree walk is lossless
-under greedy decoding and under sampling alike (verify.walk_tree draws each emitted token from the target's p).
-
-Budget: `budget` (tree nodes verified per step) is an int, honoured exactly (steps 2-3 above), or "auto": then
-the head's own confidence decides each step how deep to draft and how many nodes to verify, on this machine's
-cost curve (ConfidenceBudget, mechanisms/confidence.py): the head's probabilities, calibrated against the
-target's verdicts, give each node its chance to be accepted (its *value*; nodes are ranked by it), a further
-depth is drafted when its expected tokens pay the head forward it costs, the size kept is the BUDGET_LADDER
-rung that saves the most over a plain step, and where drafting stops paying (every step's catch-up forward
-included) the method decodes plainly, probing again now and then. A head forward's price starts at its time
-measured here once per head and target (`head_ms=` injects it), then moves to what drafting took per forward
-(the Python work of growing and ranking the tree is paid too: on the tiny pair as much as the forwards); under
-sampling, or injected, it stays put: a seed's draws never follow the machine's speed.
-
-Simplifications: a head forward's price is one number (its rows vary little); the head reads normed features
-(eagle_head.py); sampling verifies the greedy top-k tree by the walk,
-not with EAGLE's recursive rejection sampling (lossless, a little lower acceptance); batch size 1.
+Left out: EAGLE's recursive rejection sampling (sampling verifies the greedy top-k tree by the walk: lossless, a
+little lower acceptance); a head forward's price depending on its rows; batch size > 1. The head reads normed
+features (models/eagle_head.py).
 """
 from __future__ import annotations
 
@@ -47,7 +30,7 @@ import time
 
 import torch
 
-from ..env import check_int
+from ..env import check_int, median_ms
 from ..models.eagle_head import EagleHead, HeadKV, head_for
 from ..loop import LoopState, Proposal, Proposer, register_proposer
 from ..mechanisms.budget import Budget
@@ -72,22 +55,18 @@ def head_forward_ms(head: EagleHead, target, prefix: int = 64, repeats: int = 7,
         d, dtype = head.config.hidden_size, head.fc.weight.dtype  # the head's dtype (a head may run below the target's)
         embed = lambda ids: target.get_input_embeddings()(ids).to(dtype)  # noqa: E731
         kv = HeadKV(head)
-        times = []
         with torch.inference_mode():
             ids = torch.zeros(prefix + rows, dtype=torch.long, device=device)
             feats = torch.zeros(prefix + rows, d, dtype=dtype, device=device)  # (P + R, d)
             causal = torch.ones(prefix, prefix, dtype=torch.bool, device=device).tril()  # (P, P)
             head.decode(feats[:prefix], embed(ids[:prefix]), list(range(prefix)), causal, kv)
             sees = torch.ones(rows, prefix + rows, dtype=torch.bool, device=device)  # (R, P + R)
-            for _ in range(repeats):
-                start = time.perf_counter()
+
+            def depth():  # one drafted depth: the head's rows, then the target's LM head over them
                 out = head.decode(feats[prefix:], embed(ids[prefix:]), list(range(prefix, prefix + rows)), sees, kv)
                 head.logits(target, out)[0].float().topk(8, dim=-1)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                times.append(1e3 * (time.perf_counter() - start))
-                kv.crop(prefix)
-        _HEAD_MS[key] = float(sorted(times)[len(times) // 2])
+            # the head's cache cut back to the prefix before each call, outside the timed region
+            _HEAD_MS[key] = median_ms(depth, repeats, device, warmup=0, setup=lambda: kv.crop(prefix))
     return _HEAD_MS[key]
 
 
@@ -98,7 +77,12 @@ class Eagle(Proposer):
     budget: tree nodes verified per step (an int, or "auto" from the cost curve); topk: children per expanded
     node and nodes expanded per depth; depth: draft depth; head: an EagleHead (default: the one trained for the
     target, eagle_head.head_for); costs, head_ms: the target's cost curve and one head forward's ms, read under
-    "auto" (None: measured here)."""
+    "auto" (None: measured here).
+
+    Under "auto" a head forward's price starts at its time measured once per head and target (head_forward_ms),
+    then, under greedy decoding, moves to what drafting took per forward (the Python work of growing and ranking
+    the tree included); under sampling, or injected, it stays put: a seed's draws never follow the machine's
+    speed."""
 
     def __init__(self, budget: int | str = "auto", topk: int = 4, depth: int = 8, head: EagleHead | None = None,
                  costs=None, head_ms: float | None = None):
@@ -152,8 +136,7 @@ class Eagle(Proposer):
         top, idx = dynamic_tree.top_children(logits, self.topk)  # (R, topk)
         return top, (ids[idx] if ids is not None else idx)
 
-    def _draft(self, committed: list[int], max_depth: int, keep: int,
-               judge: ConfidenceBudget | None = None) -> list[dynamic_tree.Node]:
+    def _draft(self, committed: list[int], max_depth: int) -> list[dynamic_tree.Node]:
         """Every node drafted this step (dynamic_tree.grow: (score, depth, token, parent, q)), the head's rows
         after catching it up with the committed text."""
         T = len(committed) - 1  # the root's position
@@ -179,31 +162,24 @@ class Eagle(Proposer):
             return self._children(out)
 
         logp, toks = self._children(out[-1:])
-        return dynamic_tree.grow((logp[0].tolist(), toks[0].tolist()), forward, min(self.depth, max_depth),
-                                 self.topk, keep, judge)
+        return self.budget.grow((logp[0].tolist(), toks[0].tolist()), forward, min(self.depth, max_depth), self.topk)
 
     def propose(self, state: LoopState, max_depth: int) -> Proposal:
         root = state.committed[-1]
         if not self.pending or max_depth < 1:  # step 1 (no features yet), or nothing more can be emitted
             return Proposal(DraftTree(root), features=True)
-        judge = self.budget.chooser  # a ConfidenceBudget under "auto", else None
-        if judge is None:
-            nodes = self._draft(state.committed, max_depth, self.budget.value)
-            order = dynamic_tree.kept(nodes, self.budget.value)
-            return Proposal(dynamic_tree.to_tree(root, nodes, order), info=self.budget.info(self.budget.value),
-                            features=True)
-        if not judge.drafting(len(state.committed)):  # drafting does not pay here: a plain step (probes later)
+        if self.budget.choose(len(state.committed)) == 0:  # "auto": drafting does not pay here (probes later)
             return Proposal(DraftTree(root), info=self.budget.info(0), features=True)
         start, before, catch_up = time.perf_counter(), self.head_forwards, len(self.pending)
-        nodes = self._draft(state.committed, max_depth, 0, judge)  # its .tolist() calls wait for a GPU's kernels
+        nodes = self._draft(state.committed, max_depth)  # its .tolist() calls wait for a GPU's kernels
         forwards = self.head_forwards - before
-        # the head's price learns from the clock under greedy decoding, on steps whose catch-up is a usual one
-        # (a step's root and accepted tokens, not the prompt or the rows of a run of plain steps)
-        if judge.learn_head and catch_up <= self.topk:
-            judge.record_draft(1e3 * (time.perf_counter() - start), forwards)
-        # the step's drafting at the head's price (no clock: see the module doc); the verdict teaches the
+        # under "auto" the head's price learns from the clock under greedy decoding, on steps whose catch-up is a
+        # usual one (a step's root and accepted tokens, not the prompt or the rows of a run of plain steps)
+        if catch_up <= self.topk:
+            self.budget.record_draft(1e3 * (time.perf_counter() - start), forwards)
+        # the step's drafting at the head's price (no clock: see the class doc); the verdict teaches the
         # calibration (each verified node's head probability), the expected saving whether drafting pays
-        tree, size, carry = dynamic_tree.judged(root, nodes, judge, judge.head_ms * forwards)
+        tree, size, carry = self.budget.keep(root, nodes, forwards)
         return Proposal(tree, info=self.budget.info(size), carry=carry, features=True)
 
     def observe(self, state: LoopState, verdict) -> None:

@@ -1,60 +1,28 @@
 """FAFO, "Fumble Around and Find Out": draftless, lossless; guesses decoded on a compressed KV, verified on the full.
 
 FAFO paper §4.2 (fumble decoding), §4.3 / Alg. 3-4 (find-out verification), Appendix E (the column-wise token
-layout and the fused mask), Appendix F (the pool: at most n subsequences per prefix, LRU). One forward per step
-through the target's own cache, a `flex_layout.FlexLayoutStore` (notebook 05):
+layout and the fused mask), Appendix F (the pool: at most n subsequences per prefix, LRU). ONE forward per step
+through the target's own cache, a `FlexLayoutStore` (mechanisms/store/layout.py; notebook 05), holds two kinds of
+rows (SideRows with `compressed=True` ride the verifying forward; no draft model):
+- fumble rows: n guess streams of k tokens, column-wise (y_1^1 .. y_1^n, y_2^1 ..), a token seeing C(kv) (the
+  store's fixed blocks) and its own stream's earlier tokens. Each stream's last row predicts its next token
+  (greedy); the oldest token is discarded and the new subsequence is cached in the pool (`FumblePool`) under every
+  suffix of the stream's last k discarded tokens (Alg. 2). The commit drops these rows' KV.
+- find-out rows: up to n pool candidates for the longest suffix of the committed text that is a key, branches of
+  a DraftTree seeing the FULL KV, verified by the loop's tree walk (greedy, or one draw from p per emitted token:
+  the candidates are a deterministic function of the history, so sampling is lossless too).
+Our choices where the paper is open: stream i's tokens sit at root + 1 + i + j (j = 0..k-1), as Lookahead's window
+columns, never re-aligned; streams start as seeded random k-token windows of the prompt; a retrieval counts as use
+for the LRU order; a stream's next token is its argmax also when the loop samples (it is only a guess).
 
-    fumble rows   n guess streams of k tokens, laid out column-wise (y_1^1 .. y_1^n, y_2^1 .. y_2^n, ...): a
-                  token sees C(kv) (the store's fixed blocks) and the earlier tokens of its own stream. The last
-                  token of each stream predicts the stream's next token (greedy); the oldest token is
-                  discarded, and the new subsequence y_2..y_{k+1} is cached in the pool under every suffix of
-                  the stream's last k discarded tokens (prefix caching, Alg. 2).
-    find-out rows candidates from the pool, looked up by the longest suffix (m = k .. 1) of the committed text
-                  that is a key, up to n of them, as branches of a DraftTree: they see the FULL KV and are
-                  verified by the loop's tree walk (greedy, or one draw from p per emitted token: the
-                  candidates are a deterministic function of the history, so sampling is lossless too).
+Budgets (mechanisms/budget/; the class doc has the options): candidates="auto" budgets verified ROWS, so at long
+context, where a full row reads every key, only the likeliest candidates' first tokens are verified; streams="auto"
+runs the streams only while they pay. from_text=True also pools the text's own k-token runs;
+`fafo(from_text=False, candidates=None)` is the paper's method as written, fused=False its "FAFO-2forward"
+ablation (Table 1: the fumble rows in a forward of their own, before the verifying one).
 
-Both are rows of ONE forward (SideRows with `compressed=True` ride the verifying forward); the commit keeps the
-accepted candidates' KV and drops the fumble rows' (one KV cache, no draft model).
-
-What the paper leaves open, and what we chose:
-- where a stream sits: stream i's tokens at positions root + 1 + i + j (j = 0..k-1), relative to the current
-  root, as Lookahead's window columns; a stream is never re-aligned after an accepted run;
-- how streams start: k-token windows of the prompt, drawn with a seeded RNG (deterministic);
-- retrieval counts as use for the LRU order; a subsequence cached under several prefixes is one candidate;
-- the stream's next token is the argmax of its last row also when the loop samples (it is only a guess).
-
-Draft budget (mechanisms/budget.py): `candidates=k` caps the find-out candidates verified per step at k (None:
-`streams`, the paper's n). `candidates="auto"` (the default) budgets verified ROWS instead, as Cacheback's
-tdl="auto" does: each step budget.TreeBudget picks a node count from NODE_LADDER (up to n x k) and the find-out
-tree takes the retrieved candidates in order, the one that reaches the budget cut to fit (DraftTree.trie(nodes=)).
-A full-context row costs more as the context grows (it reads every key), so at long context the budget shrinks
-to the first tokens of the likeliest candidates, where a whole k-token candidate would cost more than it gains;
-the fumble rows, which read C(kv) only, are priced at its length (TreeBudget's cheap_rows). The neighbouring
-budgets' trees are rebuilt from the same candidates and their yields read off the emitted path; `costs=` injects
-the cost curve. The number of streams stays fixed: a stream pays now (k fumble rows) for candidates it caches
-for LATER steps, so what another stream count would have yielded cannot be read off one step, and n fixes the
-fumble rows' layout.
-
-`streams="auto"` (the default): AUTO_STREAMS streams that run only while they pay (budget.SideBudget, as
-Lookahead's window="auto"): a second pool fed by the text alone gives, every step, the find-out tree the method
-would have verified without the fumble rows and what it would have yielded on the emitted path; when the steps
-with the streams make fewer tokens per ms than that, the streams stop (they wait as they are: a step is the
-text's candidates only, or plain decoding when there are none or the budget picks 0) and are tried again after
-48 steps or more (trying costs at most 3 % of the time: SideBudget's `trial_share`; on a real model on a CPU, where
-the 60 fumble rows cost as much as a plain step, the warm-up ends after a step or two). With fused=False the
-fumble forward is priced as its cheap rows in the verifying forward.
-
-`from_text=True` (the default) also caches every k-token run of the prompt and of the emitted text under the k
-tokens before it, as our Lookahead's `from_text` (its reference's POOL_FROM_PROMPT) pools the text's n-grams: the
-pool holds what the text repeats beside what the streams guessed. The paper's pool is the streams' alone:
-`fafo(from_text=False, candidates=None)` is the paper's method as written (notebook 06 compares them).
-
-`fused=False` is the paper's "FAFO-2forward" ablation (Table 1): the fumble rows run in a forward of their own
-before the verifying forward (the proposer holds the store it made for this; the fused method never touches it).
-
-Simplifications: batch size 1; the fumble rows of every stream are re-fed each step (k x n rows), as
-Lookahead re-feeds its window; one C for every layer and head (flex_layout).
+Left out: batch size > 1; re-using the fumble rows' KV (every stream's k x n rows are re-fed each step, as
+Lookahead re-feeds its window); a C per layer or head (one for all).
 """
 from __future__ import annotations
 
@@ -78,7 +46,12 @@ AUTO_STREAMS = 10  # streams="auto": the paper's n, run only while the streams p
 
 
 class FumblePool:
-    """Subsequences keyed by the prefixes they followed; at most `cap` per prefix, least recently used out."""
+    """Subsequences keyed by the prefixes they followed; at most `cap` per prefix, least recently used out.
+
+    Over the library's other n-gram stores (Cacheback's NgramTable, mechanisms/ngram_table.py: keys of one fixed
+    leader length; Lookahead's NgramPool: one-token keys; prompt lookup's NgramIndex: one position in the text per
+    key), each entry sits under every suffix (1..k tokens) of what preceded it, a lookup gathers up to n
+    candidates longest suffix first, and a retrieval renews an entry's place in the LRU order."""
 
     def __init__(self, cap: int):
         self.cap = cap
@@ -128,7 +101,19 @@ class FumblePool:
 
 @register_proposer("fafo")
 class Fafo(Proposer):
-    """FAFO: guess streams decoded on a compressed KV ride the verifying forward (draftless)."""
+    """FAFO: guess streams decoded on a compressed KV ride the verifying forward (draftless).
+
+    streams: n, or "auto": AUTO_STREAMS streams run only while they pay (budget.SideBudget, as Lookahead's
+    window="auto": a second pool fed by the text alone gives each step the tree it would have verified without
+    them); off, they wait as they are (a step is the text's candidates only, or plain) until a probe. Their number
+    stays fixed: a stream pays now (k fumble rows) for candidates of LATER steps, so what another count would have
+    yielded cannot be read off one step, and n fixes the fumble rows' layout. guess_len: k. candidates: find-out
+    candidates verified per step (None: n), or "auto": a node count from NODE_LADDER (budget.TreeBudget, as
+    Cacheback's tdl="auto"), the last candidate cut to fit, the neighbouring counts' tries regrown from the same
+    candidates; the fumble rows, which read C(kv) only, priced at its length (cheap rows, also when fused=False).
+    compression ("streaming": StreamingLLM with `sinks`; "quest": Quest with `page`; or a Compression), kv_budget:
+    C(kv). block, attention: the store's. seed: the streams' start. from_text: pool the text's k-token runs too
+    (as Lookahead's from_text; notebook 06 compares). costs: the cost curve the "auto" knobs read."""
 
     def __init__(self, streams: int | str = "auto", guess_len: int = 6, compression="streaming", kv_budget: int = 128,
                  sinks: int = 4, page: int = 16, block: int = flex_layout.BLOCK, attention: str = "auto",
@@ -213,9 +198,7 @@ class Fafo(Proposer):
 
     def propose(self, state: LoopState, max_depth: int) -> Proposal:
         streams = self.side is None or self.side.choose(len(state.committed))
-        chooser = self.budget.chooser
-        if chooser is not None:  # the fumble rows are paid only when the streams run
-            chooser.cheap_rows = self.n * self.k if streams else 0
+        self.budget.price_cheap_rows(self.n * self.k if streams else 0)  # paid only when the streams run
         candidates = self.pool.lookup(state.committed, self.n, self.k) if max_depth > 0 else []
         extra, carry = {}, {}
         root, nodes, found = state.committed[-1], None, [sub for _, sub in candidates]

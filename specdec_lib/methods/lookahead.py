@@ -1,49 +1,28 @@
 """Lookahead decoding as a proposer of the one loop: Jacobi window rows and n-gram guesses in ONE target forward.
 
-Fu, Bailis, Stoica, Zhang 2024, "Break the Sequential Dependency of LLM Inference Using Lookahead Decoding",
-§3 (§3.1 lookahead branch, §3.2 verification branch, §3.3 decode, predict and verify in the same step);
-reference: hao-ai-lab/LookaheadDecoding (lade/decoding.py, lade/models/llama.py). Spec-Bench runs it with
-window W=7, ngram N=5, guesses G=7; our defaults are N=5 and W, G "auto" (below; window=7, guesses=7 is
-Spec-Bench's). One step (root = the last committed token, P = its position):
-    guesses:   up to G (N-1)-grams from the pool under the root, hung under the root as a DraftTree (a trie:
-               shared prefixes merged); the loop's walk verifies them, so greedy and sampling stay lossless
-               (the guesses are a deterministic function of the history);
+Lookahead (Fu, Bailis, Stoica, Zhang 2024, "Break the Sequential Dependency of LLM Inference Using Lookahead
+Decoding", §3.1 lookahead branch, §3.2 verification branch, §3.3 both in one step); reference:
+hao-ai-lab/LookaheadDecoding (lade/decoding.py, lade/models/llama.py). N=5 as Spec-Bench runs it; W and G
+"auto" (window=7, guesses=7: Spec-Bench's).
+One step (root = the last committed token, P = its position):
+    guesses:   up to G (N-1)-grams from the pool under the root, as a DraftTree trie; the loop's walk verifies
+               them (greedy or sampling, lossless: the guesses are a deterministic function of the history);
     window:    N-1 levels x W columns as verify.SideRows; level i, column j sits at P + 1 + i + j and sees the
-               committed text (root included), level 0 at columns <= j, and its own column in levels 1..i
-               (the reference's rule, see `window_sees`); the guesses and the window never see each other;
-    observe:   the argmax of the target's logits at each last-level row (greedy also when sampling: the window
-               only generates guesses) gives one n-gram per column, (level 0..N-2 of column j, prediction j),
-               pooled under its first token; then level 0 is dropped and the predictions become the last level.
-The window's KV is dropped by the loop's commit; an accepted guess's KV stays in place (no re-feed). Only the
-last level's rows go through the LM head (SideRows.logits_rows): the other levels are context.
+               committed text, level 0 at columns <= j and its own column in levels 1..i (`window_sees`); the
+               guesses and the window never see each other; only the last level's rows reach the LM head;
+    observe:   the argmax at each last-level row (also when sampling) closes one n-gram per column, pooled under
+               its first token; level 0 is dropped and the predictions become the last level.
+The window's KV is dropped by the loop's commit; an accepted guess's KV stays in place (no re-feed).
 
-Our layout against the reference's: the reference counts the root as column 0 of level 0 (level 0 has W - 1
-tokens, levels >= 1 have W, columns at P + i + c). We give every level W real tokens at P + 1 + i + j: the
-reference's window of width W + 1 without the root's column (the test builds the reference's mask that way).
-
-Choices and simplifications (say them when comparing with the paper):
-- warm-up as the reference: level 0 starts with W + N - 2 tokens drawn from the prompt by a fixed-seed RNG
-  (the reference's `random.choice(prompt)`, unseeded there); each warm-up step drops every level's column 0 and
-  adds the predictions as a new level, until N-1 levels of W columns (so positions stay aligned);
-- after k accepted tokens the window is kept as it is (the reference's ALWAYS_FWD_ONE=1): its positions are
-  relative to the root, so it moved on by k while its tokens advanced by one column;
-- the pool is also fed with the text's own n-grams (prompt, then every emitted token), as Spec-Bench runs the
-  reference (POOL_FROM_PROMPT=True); `from_text=False` pools the window's n-grams only;
-- guesses ride already during warm-up (the reference waits for N-1 levels), and are cut to the budget;
-- newest n-gram first, G per key, a repeated n-gram moves to the front (the reference keeps it LRU at the back);
-- guesses="auto" (mechanisms/budget.py): the pool keeps 14 n-grams per key and each step proposes the
-  first g of them, g from GUESS_LADDER maximising expected tokens / t(1 + guess nodes + window rows) with t the
-  target's cost curve measured here (cached; `costs=` injects one); the trees of the neighbouring g's are rebuilt
-  to learn their yields from the emitted path, and every 16th step probes the next larger g;
-- window="auto": a window of AUTO_WINDOW columns that runs only while it pays (budget.SideBudget): a second
-  pool fed by the text alone gives, every step, the tree the method would have verified without the window and
-  what it would have yielded; when the window's steps make fewer tokens per ms than that, the window stops
-  (its levels wait as they are) and is tried again after 48 steps or more (trying costs at most 3 % of the time:
-  SideBudget's `trial_share`). With guesses at 0 too, a step is plain
-  decoding. N stays fixed, and a narrower window is not a candidate (its counterfactual would need a pool per
-  width); the window's shape is its state;
-- the reference's EOS filter of the window (replace EOS by prompt tokens) is not done: an EOS in the window is
-  only a guess here; batch size 1.
+Against the reference: every level has W real tokens at P + 1 + i + j (the reference's width W + 1 without the
+root's column); warm-up as the reference (W + N - 2 prompt tokens drawn by a seeded RNG) but guesses ride already
+during it; after k accepted tokens the window is kept (ALWAYS_FWD_ONE=1); the pool also takes the text's n-grams
+(POOL_FROM_PROMPT, `from_text`); a repeated n-gram moves to the front (the reference keeps it at the back).
+guesses="auto": each step the g of GUESS_LADDER that maximises expected tokens / t(1 + guess nodes + window rows),
+t the target's cost curve (mechanisms/budget/). window="auto": AUTO_WINDOW columns that run only while they pay
+against a text-only pool's tree (budget.SideBudget), else the window waits and is tried again later (no window
+and no guesses: a plain step); N is fixed.
+Simplifications: batch size 1; the reference's EOS filter of the window is not done (an EOS there is a guess).
 """
 from __future__ import annotations
 
@@ -72,7 +51,9 @@ def window_sees(levels: int, columns: int) -> torch.Tensor:
 
 
 class NgramPool:
-    """token -> (N-1)-grams that followed it, newest first, at most `cap` per token."""
+    """token -> (N-1)-grams that followed it, newest first, at most `cap` per token.
+
+    Over the other n-gram stores: n-grams the target predicted in its Jacobi window (full KV), not yet in the text."""
 
     def __init__(self, cap: int):
         self.cap, self.grams, self.size = cap, {}, 0  # size: n-grams held, over all keys

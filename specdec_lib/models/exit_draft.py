@@ -2,26 +2,24 @@
 
 A real target rarely comes with a small model of the same tokenizer. Three known ways to make one cheaply:
 - early exit (LayerSkip, Elhoushi et al. 2024; SWIFT, Xia et al. 2024; HF's `assistant_early_exit`): run the
-  target's first k layers and read the result through its own norm and LM head. Untrained, this agrees with
-  SmolLM2-135M's next token on 1-4 % of held-out tokens up to k = 16 (notes/real-model-offline.md): the middle
-  layers' states are not yet in the head's space, so an exit needs training;
+  target's first k layers and read the result through its own norm and LM head. Untrained, this rarely agrees
+  with the target's next token (notes/real-model-offline.md): the middle layers' states are not yet in the
+  head's space, so an exit needs training;
 - a small distilled draft: a few decoder layers of the target's width trained to match its distribution;
-- a reduced-vocabulary head (FR-Spec, Zhao et al. 2025): the tied LM head of a 49k-token vocabulary is a fifth of
-  SmolLM2-135M's arithmetic, so a draft that scores every token costs at least a fifth of a target step; scoring
-  only the K tokens the target predicts most often costs a small fraction, and verification stays exact (the
-  target still scores all tokens; a token outside the K is simply never drafted).
+- a reduced-vocabulary head (FR-Spec, Zhao et al. 2025): with a large vocabulary the tied LM head is a large share
+  of a small target's arithmetic (a fifth of SmolLM2-135M's), so a draft that scores every token costs at least
+  that share of a target step; scoring only the K tokens the target predicts most often keeps verification exact
+  (the target still scores all tokens; a token outside the K is simply never drafted).
 
-`ExitDraft` is the family these span: the target's first `frozen` decoder layers, copied as they are, then
-`trained` decoder layers (initialised from the target's next ones and fine-tuned, the "exit adapter"), a
-fine-tuned final norm, and `SubsetHead`: the target's own (frozen) output rows of `keep` token ids. frozen=0 is a
-small distilled draft that starts from the target's embeddings; frozen > 0 is an early exit with a trained
-adapter. It is an ordinary `LlamaForCausalLM` (real DynamicCache, real `generate`, HF's assisted generation takes
-it as an assistant) whose head scatters its K logits into the full vocabulary (-inf elsewhere), so every method
-and check that compares draft and target ids works unchanged.
+`ExitDraft` spans that family: the target's first `frozen` decoder layers as they are, then `trained` decoder
+layers (initialised from the target's next ones and fine-tuned, the "exit adapter"), a fine-tuned final norm, and
+`SubsetHead`: the target's own (frozen) output rows of `keep` token ids. frozen=0 is a small distilled draft
+starting from the target's embeddings; frozen > 0 an early exit with a trained adapter. It is an ordinary
+`LlamaForCausalLM` (real DynamicCache, real `generate`, usable as HF's assistant) whose head scatters its K logits
+into the full vocabulary (-inf elsewhere), so every method and check comparing draft and target ids works as is.
 
 On disk (data/models/smol-draft): `draft.json` (frozen, trained, the target it was trained for) and
-`adapter.safetensors` (the trained layers, the norm, and the kept ids): a few MB, since everything else is read
-from the target at load time.
+`adapter.safetensors` (the trained layers, the norm, the kept ids); the rest is read from the target at load time.
 
 Simplifications: Llama-family targets only (their decoder layers are copied by index); the head's rows are
 frozen (only the layers and the norm learn); batch size 1 at decode time, as everywhere in the loop.

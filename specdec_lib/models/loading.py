@@ -1,4 +1,4 @@
-"""Loading a target/draft pair: the shipped tiny pair, two local directories, or two hub ids.
+"""Loading a target/draft pair: the shipped tiny pair, the real "smol" pair, two local directories, or two hub ids.
 
 Every later notebook starts with `pair = load_models()`. The pair shares one tokenizer; a draft whose
 vocabulary differs from the target's is refused here, once, with both sizes in the message, because every
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from ..env import (SMOL_DRAFT_DIR, TINY_DIR, check_int, describe_choices, resolve_device, resolve_dtype,
-                   vocab_size)
+from ..env import (SMOL_DRAFT_DIR, TINY_DIR, check_int, check_same_vocab, describe_choices, resolve_device,
+                   resolve_dtype)
 
 # "tiny-long": the tiny pair read at this context through YaRN (trained at 1024 positions; its held-out loss by
 # position is in data/models/README.md)
@@ -80,14 +80,6 @@ class ModelPair:
 
     def decode(self, ids) -> str:
         return self.tokenizer.decode(list(ids))
-
-
-def check_same_vocab(target, draft) -> None:
-    """A clear error when a draft's vocabulary (output rows) differs from the target's."""
-    t, d = vocab_size(target), vocab_size(draft)
-    if t != d:
-        raise ValueError(f"draft and target vocabularies differ: target has {t} tokens, draft has {d}; "
-                         "speculative decoding needs a draft that shares the target's tokenizer")
 
 
 def _draft_tokenizer(source: str, offline: bool):

@@ -3,37 +3,26 @@
 Decoding one token multiplies a row vector by every weight matrix: the time is reading the weights from memory
 (memory-bound), so rows 2..8 should ride along nearly free, which is the whole premise of speculative decoding.
 On a CPU, torch's `F.linear` sends one row to a matrix-vector kernel but two or more rows to a general matrix
-multiply that first copies ("packs") the weight into its blocked layout, on every call: on the 2-core machine
-this workbook is measured on, SmolLM2-135M's 49,152 x 576 head takes ~13 ms for one row and ~30 ms for two,
-and a whole forward of 4 rows cost ~1.8x one row. Packing each weight once, at load time (oneDNN's reordered
-weight, what `torch.compile`'s CPU freezing does), removes that copy: the head then takes ~8 ms for 1 row,
-~8 ms for 2, ~14 ms for 8, and the cost curve t(rows) becomes the memory-bound one the papers assume
-(notebook 00, section 3, measures both).
+multiply that first copies ("packs") the weight into its blocked layout, on every call: a wide LM head then costs
+far more for two rows than for one, and so does a whole forward of a few rows. Packing each weight once, at load
+time (oneDNN's reordered weight, what `torch.compile`'s CPU freezing does), removes that copy, and the cost curve
+t(rows) becomes the memory-bound one the papers assume (notebook 00, section 3, measures both).
 
-`prepack(model)` turns every `nn.Linear` of a model into a `PackedLinear` (the same module, parameters and
-state dict, one more cached tensor): exact same math, float32 rounding differences only (~1e-6 relative; the
-greedy parity tests compare each method with HF greedy on the same model, so both read the same kernels).
-The packed copy is used only where it is valid, else `F.linear` runs as before:
-- float32 on a CPU, without autograd (training a copy of a layer reads the live weight);
-- the weight unchanged since it was packed (same storage, same version counter: an optimizer step, a load or
-  `.to()` repacks).
+`prepack(model)` turns every `nn.Linear` into a `PackedLinear` (the same module, parameters and state dict, one
+more cached tensor): the same math up to float32 rounding (the greedy parity tests compare each method with HF
+greedy on the same model, so both read the same kernels). The packed copy is used only in float32 on a CPU without
+autograd, and while the weight is unchanged since it was packed (same storage and version counter: an optimizer
+step, a load or `.to()` repacks); elsewhere `F.linear` runs as before.
 
-A kernel that prefers more rows: on this machine oneDNN runs SmolLM2's packed head ~28 % faster for 4 rows than for
-1 (3.0 against 4.1 ms; 2 rows: 4.7 ms), while its layers' weights cost the same for 1-8 rows. So each packed weight
-times itself once per process (PAD_ROWS rows against 1, `_four_over_one`) and, where 4 rows win, pads fewer rows
-with zero rows: every one-row step's LM head (the loop's plain steps, autoregressive, HF's own generate on the same
-model) gets the faster kernel. Where 4 rows cost at most FREE_RATIO x one (a machine whose memory is slow: one
-sitting's VM read the head at 17.3 ms for 1 row, 18.6 ms for 4), `rows_free()` tells RowLogits (verify.py) it may
-compute 4 rows at once: a verify walk that reads 3 rows then pays one read of the head's 113 MB, not three.
-
-Only wide models gain: `load_models(prepack="auto")` packs a model at least MIN_WIDTH wide (hidden size). Below
-that the matrices are small enough for F.linear's kernels to stay cache-resident, and oneDNN's per-call overhead
-wins: on this machine the tiny pair (width 256) decoded at about half the speed packed (hf, 128 new tokens, both
-kernels timed side by side), while SmolLM2 (576) gains (its one-row step ~22 % faster, 8 rows ~24 %).
-
-Simplifications: float32 only (bf16 kernels need AVX512-BF16, which only some CPUs have: the pairs decode in
-float32 on a CPU); the packed copy doubles the weights' memory (the original is kept: state dicts, training and
-float64 checks read it); the padding decision is one timing per shape (1 row against 4), not a curve.
+oneDNN may run a packed weight faster for 4 rows than for 1: each packed weight times itself once per process
+(PAD_ROWS rows against 1, `_four_over_one`) and, where 4 rows win, pads fewer rows with zero rows, so every one-row
+step's LM head (plain steps, autoregressive, HF's own generate) gets the faster kernel. Where 4 rows cost at most
+FREE_RATIO x one (a machine whose memory is slow), `rows_free()` lets RowLogits (verify.py) compute 4 rows at once:
+a verify walk that reads 3 rows then pays one read of the head, not three. Only wide models gain:
+`load_models(prepack="auto")` packs models at least MIN_WIDTH wide; narrower matrices stay cache-resident for
+F.linear, and oneDNN's per-call overhead wins. Simplifications: float32 only (bf16 kernels need AVX512-BF16);
+the packed copy doubles the weights' memory (the original is kept for state dicts, training and float64 checks);
+the padding decision is one timing per shape (1 row against 4), not a curve.
 """
 from __future__ import annotations
 
@@ -42,6 +31,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .. import compat
+from ..env import median_ms
 
 
 MIN_WIDTH = 512  # prepack="auto" packs models at least this wide (hidden size): narrower ones lose (module doc)
@@ -53,25 +43,18 @@ _FOUR_OVER_ONE: dict[tuple, float] = {}  # (in, out, bias, threads) -> t(PAD_ROW
 
 def _four_over_one(packed, linear, bias, in_features: int, out_features: int, repeats: int = 15) -> float:
     """The time of `linear` of PAD_ROWS rows over its time for one row with this packed weight (medians of
-    `repeats` interleaved calls): measured per weight shape and thread count, once per process."""
-    import time
-
+    `repeats` calls each, no warm-up): measured per weight shape and thread count, once per process."""
     key = (in_features, out_features, bias is not None, torch.get_num_threads())
     if key not in _FOUR_OVER_ONE:
-        one, four = torch.randn(1, in_features), torch.randn(PAD_ROWS, in_features)
-        times = {1: [], PAD_ROWS: []}
-        for _ in range(repeats):
-            for rows, x in ((1, one), (PAD_ROWS, four)):
-                start = time.perf_counter()
-                linear(x, packed, bias)
-                times[rows].append(time.perf_counter() - start)
-        median = {rows: sorted(ts)[len(ts) // 2] for rows, ts in times.items()}
-        _FOUR_OVER_ONE[key] = median[PAD_ROWS] / max(median[1], 1e-12)
+        one, four = torch.randn(1, in_features), torch.randn(PAD_ROWS, in_features)  # (1, in), (4, in)
+        one_ms, four_ms = (median_ms(lambda x=x: linear(x, packed, bias), repeats, warmup=0) for x in (one, four))
+        _FOUR_OVER_ONE[key] = four_ms / max(one_ms, 1e-9)
     return _FOUR_OVER_ONE[key]
 
 
 class PackedLinear(nn.Linear):
     """An nn.Linear whose forward reads a weight packed once for oneDNN (see the module doc)."""
+    prepacked = True  # what cost curves key on (cost_curve.model_key), without importing this module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
         ops = compat.packed_linear_ops()
@@ -137,7 +120,7 @@ def unpack(model: nn.Module) -> int:
 
 
 def is_prepacked(model: nn.Module) -> bool:
-    return any(type(m) is PackedLinear for m in model.modules())
+    return any(getattr(m, "prepacked", False) for m in model.modules())
 
 
 def should_prepack(device: torch.device, dtype: torch.dtype) -> tuple[bool, str]:

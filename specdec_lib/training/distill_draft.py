@@ -3,31 +3,25 @@
     python -m specdec_lib.training.distill_draft --out /tmp/draft --init target --layers 0 --minutes 90 \\
         --log /tmp/draft/progress.jsonl          # the best draft in /tmp/draft; copy it to data/models/draft
 
-Why: the pair from `train_tiny` was trained in minutes on a GPU; its one-layer, width-160 draft agrees with the
-target on about half of the held-out tokens (the model card, data/models/README.md). Notebook 00's speedup model
-says what a bigger draft may cost: expected tokens per target-forward time = (1 - a^(g+1)) / ((1 - a)(g c + 1))
-for per-token acceptance a, draft length g and draft/target cost ratio c. On a CPU every decoder layer of the
-target's own width raises c, so such a draft must agree with the target more often just to break even with the
-shipped one: a little more with one layer, much more with two (data/results/distill_draft.md has the measured
-ratios and break-even points).
+Why: notebook 00's speedup model says what a bigger draft may cost: expected tokens per target-forward time =
+(1 - a^(g+1)) / ((1 - a)(g c + 1)) for per-token acceptance a, draft length g and draft/target cost ratio c. On
+a CPU every decoder layer of the target's own width raises c, so such a draft must agree with the target more
+often just to break even with the shipped one (data/results/distill_draft.md has the measured ratios, the
+break-even points and the runs).
 
 So the default here builds the draft from the target itself (`--init target`): the target's embeddings (tied
 with its output head), final norm and the decoder layers named by `--layers` (default: the first), then distils
-it as `train_tiny` does (0.2 x cross-entropy + 0.8 x KL(p || q), p the target's next-token distribution, q the
-draft's). Starting from the target's own embedding, layer and head, the draft starts in the target's space
-(it agrees with the target well above chance before any step). `--init shipped` continues the shipped draft.
-`--device auto` uses CUDA when present (float32: the models are tiny).
+it as `train_tiny` does (`loop.lm_loss`: 0.2 x cross-entropy + 0.8 x KL(p || q), p the target's next-token
+distribution, q the draft's). Starting from the target's own embedding, layer and head, the draft starts in the
+target's space. `--init shipped` continues the shipped draft. `--device auto` uses CUDA when present (float32:
+the models are tiny).
 
 Progress (held-out agreement, losses, speed) goes as JSON lines to `--log` every `--eval-every` steps, and the
 best draft so far (by agreement) is saved to `--out` each time, so the job can be stopped at any point.
 
-On a CPU (data/results/distill_draft.md has the runs): continuing the shipped draft does not improve it, since
-the small CPU batch shakes a converged draft more than it teaches it; a draft built from the target's first layer
-learns, but the shipped draft's token budget is out of a CPU's reach, so this needs a GPU too.
-
-Simplifications: the teacher runs live (no cached logits), a fixed cosine schedule over `--steps` (or as many
-steps as `--minutes` allows at the measured speed), agreement measured on the first `--eval-tokens` held-out
-tokens only while training (the full split at the end).
+Left out: the teacher runs live (no cached logits); a fixed cosine schedule over `--steps` (`loop.lr_at`: warm-up
+of min(100, steps / 10) steps, 5 % floor) that `--minutes` may cut short; agreement measured on the first
+`--eval-tokens` held-out tokens only while training (the full split at the end).
 """
 from __future__ import annotations
 
@@ -41,7 +35,7 @@ import torch
 
 from ..corpus import load_corpus
 from ..env import resolve_device
-from .train_tiny import encode_split, heldout_metrics, lr_at, random_blocks, train_step
+from .loop import encode_split, heldout_metrics, lm_loss, random_blocks, train_loop
 
 MODELS = Path(__file__).resolve().parents[2] / "data" / "models"
 
@@ -97,19 +91,19 @@ def distill(target, draft, train, held, *, steps: int, batch: int, block: int, l
             with open(log, "a") as f:
                 f.write(json.dumps(record) + "\n")
 
-    evaluate(0)
-    draft.train()
-    for step in range(steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, steps, lr, warmup=min(100, steps // 10))
+    def loss_fn(step):
         tokens = random_blocks(train, batch, block, gen).to(device)
-        train_step(draft, opt, tokens[:, :-1], tokens[:, 1:], target, distill_weight)  # float32 (tiny models)
-        done = step + 1
+        return lm_loss(draft, tokens[:, :-1], tokens[:, 1:], target, distill_weight), {}  # float32 (tiny models)
+
+    def after_step(done: int) -> bool:
         time_up = minutes is not None and time.time() - started > minutes * 60
         if done % eval_every == 0 or done == steps or time_up:
             evaluate(done)
-        if time_up:
-            break
+        return time_up
+
+    evaluate(0)
+    draft.train()
+    train_loop(opt, loss_fn, lr, steps=steps, warmup=min(100, steps // 10), floor=0.05, after_step=after_step)
     return best
 
 

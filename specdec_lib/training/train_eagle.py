@@ -1,12 +1,13 @@
-"""Train an EAGLE head for a target on this CPU (`make eagle`, `make smol-eagle`).
+"""Train an EAGLE head for a target on the CPU (`make eagle`, `make smol-eagle`).
+
+Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty" (the head: eagle_head.py).
 
     python -m specdec_lib.training.train_eagle --models tiny --out data/models/eagle-tiny --minutes 4
 
-1. data, never HumanEval: blocks of 256 tokens from the standard-library corpus's training split (held out: the
-   held-out files), and the target's own greedy text, what the head meets at decode time (every accepted token is
-   the target's choice): continuations of 64-token openings cut from corpus files, or for a chat model its
-   answers to chat requests of the benchmark's kinds (train_smol_draft.own_answers, tools/chat_requests.py,
-   shared with its exit draft);
+1. data (`data.py`), never HumanEval: blocks of 256 tokens from the standard-library corpus's training split
+   (held out: the held-out files), and the target's own greedy text, what the head meets at decode time (every
+   accepted token is the target's choice): continuations of 64-token openings cut from corpus files, or for a
+   chat model its answers to chat requests of the benchmark's kinds (`data.chat_data`, shared with its exit draft);
 2. the target's final normed hidden state at every position (float16), computed once and cached under
    $SPECDEC_CACHE/eagle: the features the head reads and the ones it learns to predict;
 3. for a large vocabulary (> 16k tokens), the kept tokens: the `--keep` the target predicts most often (FR-Spec);
@@ -14,20 +15,18 @@
    smooth-L1 on the feature + `--ce-weight` x soft cross-entropy between the target's distribution at t+1 and the
    head's, both read through the target's frozen LM head (over the kept tokens when there are). Uniform noise of
    `--noise` x the features' RMS on the input features (EAGLE: the head must cope with its own errors at depth
-   > 1). AdamW, cosine schedule over `--minutes`, a progress bar;
+   > 1). AdamW, `loop.lr_at` (a cosine over the seconds of `--minutes`, no warm-up), a progress bar;
 5. measured: held-out teacher-forced top-1 agreement (the head's token = the target's), before and after, and
    the acceptance by depth of a greedy chain drafted by the head on held-out text (free running: each depth reads
    the head's own predicted feature); saved with these in eagle.json.
 
-Simplifications: one learning rate; the chain acceptance is measured on teacher-forced prefixes of held-out text
-(the target's own output is what the loop verifies; the corpus text is close to it for the tiny target).
+Left out: one learning rate; the chain acceptance is measured on teacher-forced prefixes of held-out text (the
+target's own output is what the loop verifies; the corpus text is close to it for the tiny target).
 """
 from __future__ import annotations
 
 import argparse
 import math
-import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -36,16 +35,14 @@ from ..models.eagle_head import EagleHead, save_head, target_fingerprint
 from ..env import cache_root
 from ..models.loading import load_models
 from .chat_requests import KINDS
-
-BLOCK = 256
+from .data import BLOCK, chat_data, corpus_blocks, kept_tokens, target_features, target_next
+from .loop import agreement_share, masked_smooth_l1, soft_cross_entropy, train_loop
 
 
 def own_continuations(pair, split: str, sequences: int, prefix: int, new_tokens: int, seed: int,
                       batch: int = 32) -> list[list[int]]:
     """The target's greedy continuations of `prefix`-token openings cut from corpus files (prefix + continuation):
     the text the head meets at decode time, where every accepted token is the target's own choice."""
-    from .train_smol_draft import corpus_blocks
-
     openings = [b[:prefix] for b in corpus_blocks(pair.tokenizer, split, sequences * 256, seed) if len(b) >= prefix]
     openings = openings[:sequences]
     out = []
@@ -62,8 +59,6 @@ def own_continuations(pair, split: str, sequences: int, prefix: int, new_tokens:
 def build_data(pair, split: str, tokens: int, sequences: int, seed: int) -> dict:
     """{"ids", "mask", "feats"} of one split: corpus blocks and the target's own continuations (see the module
     doc), cached per target and setting."""
-    from .train_smol_draft import corpus_blocks, target_features
-
     path = cache_root() / "eagle" / f"data_{target_fingerprint(pair.target)}_{split}_c{tokens}_o{sequences}_s{seed}.pt"
     if path.is_file():
         return torch.load(path)
@@ -93,30 +88,27 @@ def _inputs(head, target, ids, mask, feats, noise: float = 0.0):
 
 def losses(head, target, ids, mask, feats, ce_weight: float, noise: float, ce_stride: int = 4):
     pred, want, m = _inputs(head, target, ids, mask, feats, noise)  # (b, T-1, d) x2, (b, T-1)
-    mf = m.unsqueeze(-1).float()
-    reg = (F.smooth_l1_loss(pred, want, reduction="none") * mf).sum() / (mf.sum() * pred.shape[-1])
+    reg = masked_smooth_l1(pred, want, m, mask_dtype=torch.float32)
     # the soft cross-entropy on every `ce_stride`-th row only: the LM head is most of a step's arithmetic
     pred, want, m = pred[:, ::ce_stride], want[:, ::ce_stride], m[:, ::ce_stride]
     q_log = F.log_softmax(head.logits(target, pred)[0], -1)  # (b, rows, K)
     with torch.no_grad():
         p = F.softmax(head.logits(target, want)[0], -1)  # the target's distribution (over the kept tokens)
-    ce = -((p * q_log).sum(-1) * m).sum() / m.sum()
+    ce = soft_cross_entropy(q_log, p, m)
     return reg + ce_weight * ce, reg.item(), ce.item()
 
 
 @torch.no_grad()
 def agreement(head, target, data, batch: int = 16) -> float:
     """Held-out share of positions where the head's argmax (teacher-forced) is the target's next token."""
-    hits = total = 0
-    for i in range(0, len(data["ids"]), batch):
-        ids, mask, feats = (data[k][i:i + batch].to(head.fc.weight.device) for k in ("ids", "mask", "feats"))
-        pred, want, m = _inputs(head, target, ids, mask, feats)
-        guess, keep = head.logits(target, pred)
-        truth = target.get_output_embeddings()(want).argmax(-1)  # (b, T-1): the target's token
-        guess = keep[guess.argmax(-1)] if keep is not None else guess.argmax(-1)
-        hits += int(((guess == truth) & m).sum())
-        total += int(m.sum())
-    return hits / max(total, 1)
+    def pieces():
+        for i in range(0, len(data["ids"]), batch):
+            ids, mask, feats = (data[k][i:i + batch].to(head.fc.weight.device) for k in ("ids", "mask", "feats"))
+            pred, want, m = _inputs(head, target, ids, mask, feats)
+            guess, keep = head.logits(target, pred)
+            truth = target.get_output_embeddings()(want).argmax(-1)  # (b, T-1): the target's token
+            yield keep[guess.argmax(-1)] if keep is not None else guess.argmax(-1), truth, m
+    return agreement_share(pieces())
 
 
 @torch.no_grad()
@@ -156,39 +148,21 @@ def chain_acceptance(head, target, data, depth: int = 6, prefixes: int = 48, see
 def train(head, target, data, minutes: float | None, lr: float, ce_weight: float, noise: float, batch: int,
           seed: int, steps: int | None = None, progress: bool = True):
     """Train `head` for `minutes` (or exactly `steps` steps: reproducible, for tests); returns the loss history."""
-    from tqdm.auto import tqdm
-
     if (minutes is None) == (steps is None):
         raise ValueError("give minutes or steps")
-    params = [p for p in head.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
-    total = minutes * 60 if steps is None else steps
-    start, step, history = time.time(), 0, []
-    bar = tqdm(total=int(total), unit="s" if steps is None else "step", desc="training the head", mininterval=2,
-               disable=not progress)
-    head.train()
-    while True:
-        done = (time.time() - start) if steps is None else step
-        if done >= total:
-            break
-        for group in opt.param_groups:  # cosine schedule over the budget
-            group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * done / total))
+
+    def loss_fn(step):
         pick = torch.randint(len(data["ids"]), (batch,), generator=gen)
         device = head.fc.weight.device  # the data stays on the CPU; each batch goes to the head's device
         loss, reg, ce = losses(head, target, *(data[k][pick].to(device) for k in ("ids", "mask", "feats")),
                                ce_weight, noise)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        step += 1
-        if step % 10 == 0:
-            history.append(dict(step=step, seconds=round(time.time() - start, 1), loss=round(loss.item(), 4),
-                                regression=round(reg, 4), ce=round(ce, 4)))
-            bar.set_postfix(loss=f"{loss.item():.3f}", ce=f"{ce:.3f}")
-        bar.update((int(time.time() - start) if steps is None else step) - bar.n)
-    bar.close()
+        return loss, dict(regression=reg, ce=ce)
+
+    head.train()
+    history = train_loop(opt, loss_fn, lr, steps=steps, minutes=minutes, by_time=True, record_every=10,
+                         desc="training the head" if progress else None)
     head.eval()
     return history
 
@@ -230,7 +204,7 @@ def main(argv=None):
     ap.add_argument("--corpus-tokens", type=int, default=300_000, help="chat models: as their exit draft's (60k)")
     ap.add_argument("--requests", type=int, default=480, help="chat requests the target answers (chat models)")
     ap.add_argument("--kinds", default=",".join(KINDS),
-                    help="kinds of chat request (tools/chat_requests.py), comma separated (chat models)")
+                    help="kinds of chat request (training/chat_requests.py), comma separated (chat models)")
     ap.add_argument("--continuations", type=int, default=512,
                     help="the target's own continuations of corpus openings (other models)")
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -246,8 +220,6 @@ def main(argv=None):
     target = pair.target.requires_grad_(False)
     print(f"1-2. data and the target's features ({pair.name})", flush=True)
     if pair.chat:  # a chat model: the corpus and its own answers, shared with its exit draft's trainer
-        from .train_smol_draft import chat_data
-
         splits = chat_data(pair, args.corpus_tokens, args.requests, args.new_tokens, args.seed,
                            tuple(args.kinds.split(",")))["splits"]
         train_data, held = splits["train"], splits["heldout"]
@@ -257,10 +229,7 @@ def main(argv=None):
     keep = None
     vocab = target.get_output_embeddings().out_features
     if vocab > 16384:
-        nxt = torch.cat([target.get_output_embeddings()(train_data["feats"][i:i + 16].float()).argmax(-1)
-                         for i in range(0, len(train_data["feats"]), 16)])
-        counts = torch.bincount(nxt[train_data["mask"]], minlength=vocab)
-        keep = counts.argsort(descending=True)[:args.keep].sort().values
+        keep = kept_tokens(target_next(target, train_data["feats"]), train_data["mask"], vocab, args.keep)
         print(f"3. kept the {args.keep} tokens the target predicts most often", flush=True)
     head = EagleHead.for_target(target, keep_ids=keep)
     before = agreement(head, target, held)

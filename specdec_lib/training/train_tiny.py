@@ -8,30 +8,31 @@ that share a vocabulary, where the draft is much cheaper and agrees with the tar
 - the target is deep (8 layers, width 256), the draft is one narrow layer (width 160): a single-token forward
   of the draft costs several times less than the target's on a CPU;
 - the draft is distilled from the target: its loss is 0.2 x cross-entropy on the corpus + 0.8 x KL(p || q) to
-  the target's next-token distribution p (q is the draft's), which raises their top-1 agreement;
+  the target's next-token distribution p (q is the draft's), which raises their top-1 agreement (`loop.lm_loss`);
 - both share one tokenizer (vocabulary 4096, `<|endoftext|>` as end of text and padding).
 
-Profiles: `cpu` (sized for about an hour on 2 cores, and a much weaker pair: 1.2M target tokens) and `gpu` (41M
-target tokens, minutes on a GPU). The shipped models were trained with the profile their model card names
-(`gpu`); the card also records the device and the time it took.
+Profiles: `gpu` (41M target tokens), `cpu` (1.2M target tokens: a much weaker pair) and `quick` (tests). The
+shipped models were trained with the profile their model card names; the card and training.json record the
+device, the time it took and the held-out metrics.
 
-Simplifications: no dropout, no validation-based early stopping (fixed cosine schedule), files are packed
-into fixed-length blocks separated by the end-of-text token, and a block may span two files.
+Training: AdamW, `loop.train_loop` with `loop.lr_at` (100 warm-up steps, cosine down to 5 % of the peak),
+gradients clipped at norm 1, bfloat16 autocast on CUDA. Left out: dropout, validation-based early stopping
+(a fixed schedule); files are packed into fixed-length blocks separated by the end-of-text token, and a block
+may span two files.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from ..corpus import load_corpus
 from ..env import resolve_device
+from .loop import encode_split, heldout_metrics, lm_loss, random_blocks, train_loop
 
 EOT = "<|endoftext|>"
 
@@ -56,10 +57,9 @@ class Profile:
 
 PROFILES = {
     "gpu": Profile(),
-    # Sized for about an hour on 2 shared cores: 600 + 400 steps of 4 x 512 tokens. 1.2M target tokens: a
-    # weaker pair than "gpu"'s.
+    # 600 + 400 steps of 4 x 512 tokens: 1.2M target tokens, a weaker pair than "gpu"'s.
     "cpu": Profile(batch_size=4, block_size=512, target_steps=600, draft_steps=400),
-    # Tiny models, a few files, a few steps: what the tests run (seconds on a CPU).
+    # Tiny models, a few files, a few steps: what the tests run.
     "quick": Profile(vocab_size=512, block_size=64, target_layers=2, target_width=32, target_mlp=64,
                      draft_layers=1, draft_width=16, draft_mlp=32, batch_size=4, target_steps=6,
                      draft_steps=6, max_files=8),
@@ -81,15 +81,6 @@ def train_tokenizer(texts, vocab_size: int):
                                    unk_token=None, model_max_length=None, clean_up_tokenization_spaces=False)
 
 
-def encode_split(tokenizer, texts) -> torch.Tensor:
-    """All files of a split as one stream of token ids, each file followed by the end-of-text token."""
-    ids: list[int] = []
-    for enc in tokenizer(list(texts), add_special_tokens=False)["input_ids"]:
-        ids.extend(enc)
-        ids.append(tokenizer.eos_token_id)
-    return torch.tensor(ids, dtype=torch.long)
-
-
 def llama_config(tokenizer, layers: int, width: int, mlp: int, context: int):
     from transformers import LlamaConfig
 
@@ -101,74 +92,21 @@ def llama_config(tokenizer, layers: int, width: int, mlp: int, context: int):
                        pad_token_id=tokenizer.eos_token_id)
 
 
-def random_blocks(stream: torch.Tensor, batch: int, block: int, gen: torch.Generator) -> torch.Tensor:
-    starts = torch.randint(0, len(stream) - block - 1, (batch,), generator=gen)
-    return torch.stack([stream[s:s + block + 1] for s in starts])  # (B, block + 1)
-
-
-def lr_at(step: int, steps: int, peak: float, warmup: int = 100) -> float:
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    return peak * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup))) * 0.95 + peak * 0.05
-
-
-def train_step(model, opt, inputs, labels, teacher=None, distill_weight: float = 0.8, bf16: bool = False):
-    """One optimizer step on (B, T) inputs and labels: cross-entropy, or with a teacher (1 - w) x cross-entropy
-    + w x KL(p || q) (p the teacher's next-token distribution, q the model's); gradients clipped at norm 1."""
-    with torch.autocast(inputs.device.type, dtype=torch.bfloat16, enabled=bf16):
-        logits = model(input_ids=inputs).logits.float()  # (B, T, V)
-        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
-        if teacher is not None:
-            with torch.no_grad():
-                p_logits = teacher(input_ids=inputs).logits.float()  # (B, T, V) target logits
-            kl = F.kl_div(F.log_softmax(logits, -1).flatten(0, 1), F.log_softmax(p_logits, -1).flatten(0, 1),
-                          log_target=True, reduction="batchmean")
-            loss = (1 - distill_weight) * loss + distill_weight * kl
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
-    return loss
-
-
 def train_model(model, stream, prof: Profile, steps: int, device, seed: int, label: str, teacher=None):
     """AdamW + cosine schedule on random blocks; with a teacher, distil (see module docstring)."""
-    from tqdm.auto import tqdm
-
     gen = torch.Generator().manual_seed(seed)
     model.to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=prof.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    use_bf16 = device.type == "cuda"
-    bar = tqdm(range(steps), desc=f"train {label}", mininterval=2.0)
-    for step in bar:
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, steps, prof.lr)
+    bf16 = device.type == "cuda"
+
+    def loss_fn(step):
         batch = random_blocks(stream, prof.batch_size, prof.block_size, gen).to(device)
-        loss = train_step(model, opt, batch[:, :-1], batch[:, 1:], teacher, prof.distill_weight, bf16=use_bf16)
-        if step % 20 == 0:
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+        return lm_loss(model, batch[:, :-1], batch[:, 1:], teacher, prof.distill_weight, bf16=bf16), {}
+
+    train_loop(opt, loss_fn, prof.lr, steps=steps, warmup=100, floor=0.05, record_every=20,
+               desc=f"train {label}")
     model.eval()
     return model
-
-
-@torch.no_grad()
-def heldout_metrics(target, draft, stream: torch.Tensor, block: int, device, max_tokens: int | None = None):
-    """Held-out loss and next-token accuracy of each model, and top-1 agreement of draft with target."""
-    stream = stream[: max_tokens + 1] if max_tokens else stream
-    sums = {"target_loss": 0.0, "draft_loss": 0.0, "target_acc": 0.0, "draft_acc": 0.0, "agreement": 0.0}
-    count = 0
-    for start in range(0, len(stream) - 1, block):
-        chunk = stream[start:start + block + 1].to(device)
-        inputs, labels = chunk[None, :-1], chunk[1:]  # (1, T), (T,)
-        p_logits = target(input_ids=inputs).logits[0].float()  # (T, V)
-        q_logits = draft(input_ids=inputs).logits[0].float()  # (T, V)
-        sums["target_loss"] += F.cross_entropy(p_logits, labels, reduction="sum").item()
-        sums["draft_loss"] += F.cross_entropy(q_logits, labels, reduction="sum").item()
-        sums["target_acc"] += (p_logits.argmax(-1) == labels).sum().item()
-        sums["draft_acc"] += (q_logits.argmax(-1) == labels).sum().item()
-        sums["agreement"] += (p_logits.argmax(-1) == q_logits.argmax(-1)).sum().item()
-        count += len(labels)
-    return {k: v / count for k, v in sums.items()} | {"tokens": count}
 
 
 def train_pair(out: Path, profile: str = "gpu", seed: int = 0, device: str = "auto",

@@ -5,30 +5,20 @@ a plotly `go.Figure`; explorers return an ipywidgets box with `.update()`/`.run(
 `show()`. Notebooks compute with the library, then draw with these. plotly and ipywidgets are imported in this
 package only, so the rest of `specdec_lib` imports without them.
 
-- `common`: what the modules share: `token_text`, the colour code, `need_columns`, `render` (explorer redraw).
-- `tables`: n-gram tables, leaders and followers in recency order (`table_figure`, `table_explorer`).
-- `trees`: draft trees by depth and breadth, the accepted path (`tree_layout`, `tree_figure`, `tree_explorer`,
-  `budget_explorer`).
-- `masks`: attention masks as heatmaps (`mask_figure`, `mask_labels`).
-- `caches`: a chain method's two KV caches step by step (`cache_steps`, `cache_timeline_figure`,
-  `rollback_explorer`).
-- `acceptance`: what the target accepted, per step and per token, and the output distribution
-  (`acceptance_figure`, `steps_figure`, `draft_time_figure`, `token_kinds`, `acceptance_html`,
-  `distribution_figure`); acceptance by draft depth and against temperature (`depth_acceptance_figure`,
-  `temperature_acceptance_figure`).
-- `costs`: forward costs and expected speedups (`cost_curve_figure`, `speedup_surface_figure`,
-  `speedup_explorer`, `cost_figure`), the expected-tokens formula under measured MAT (`expected_tokens_figure`),
-  and what a batch achieves (`batch_roofline_figure`).
-- `layout`: FAFO's KV layout: block maps, the store's slots over steps, the per-step timing chart
-  (`block_map_figure`, `layout_figure`, `selection_figure`, `layout_timing_figure`).
-- `fumble`: FAFO's guess streams over steps and its pool (`streams_figure`, `pool_figure`, `pool_explorer`).
-- `timeline`: drafter and target busy intervals as a Gantt chart (`timeline_figure`), and CARD's explorer
-  (`card_explorer`: K, ratio, prompt -> timeline and table).
-- `compare`: every method side by side (notebook 08): per-category radar, efficiency against the bound, why (no)
-  speedup from the step records (`radar_figure`, `efficiency_figure`, `cost_per_token_figure`,
-  `step_costs_figure`, `why_explorer`, `budget_figure`, `never_slower_figure`).
-- `bench`: benchmarks and ablations (`bench_figure`, `context_figure`, `gamma_sweep_figure`, `table1_figure`, `heatmap_figure`,
-  `sweep_figure`, `ablation_explorer`).
+- `common`: what the modules share: `token_text`, the colour code, `need_columns`, `render` (explorer redraw);
+- `tables`: n-gram tables, leaders and followers in recency order (01);
+- `trees`: draft trees by depth and breadth, the accepted path, the budget explorer;
+- `masks`: attention masks as heatmaps;
+- `caches`: a chain method's two KV caches step by step, the rollback explorer (03);
+- `acceptance`: what the target accepted per step and per token, the output distribution, acceptance by draft
+  depth and against temperature;
+- `costs`: forward costs, expected speedups and tokens per step, what a batch achieves;
+- `layout`: FAFO's KV layout: block maps, the store's slots over steps, the per-step timing chart (05);
+- `fumble`: FAFO's guess streams over steps and its pool (06);
+- `timeline`: drafter and target busy intervals as a Gantt chart, and CARD's explorer (07);
+- `compare`: every method side by side: per-category radar, efficiency against the bound, why (no) speedup
+  from the step records, what the budgets chose (08);
+- `bench`: benchmarks and ablations (speed against context, parameter sweeps, heatmaps, the ablation explorer).
 
 The public functions are re-exported here: `from specdec_lib import viz; viz.tree_figure(...)`.
 """

@@ -11,7 +11,7 @@
 - `layout_timing_figure(table)`: per-step milliseconds against context length for each case of
   `bench.flex_layout` (layout, fragmented, full, rebuild, sdpa; the whole model step).
 
-Compute lives in `mechanisms.flex_layout` (`FlexLayoutStore.snapshot`, `block_table`) and `bench.flex_layout`.
+Compute lives in `mechanisms.store.layout` (`FlexLayoutStore.snapshot`, `block_table`) and `bench.flex_layout`.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from .claims import claim, claims  # noqa: F401  (re-exported: notebook.claim(...))
 
 
-EXECUTED = "SPECDEC_EXECUTED_NOTEBOOK"  # set by tools.run_notebooks for the kernels it starts
+EXECUTED = "SPECDEC_EXECUTED_NOTEBOOK"  # set by workbook.run_notebooks for the kernels it starts
 
 
 def quiet_progress() -> None:
@@ -158,8 +158,8 @@ def check_answer(what: str, answer, expected: float, rel_tol: float = 0.05) -> A
 def exact(dtype) -> bool:
     """Whether greedy tokens are expected to equal a plain decode's token for token in `dtype`: float32 and float64.
     In bfloat16 or float16 (a GPU's "auto") a forward of several rows rounds differently from a one-row step and
-    near-ties flip (an H200 run: only the loop's autoregressive kept HF's tokens), so the notebooks' token checks
-    are asserted in exact dtypes only; the tests compare in float64 on a CPU."""
+    near-ties flip, even for methods exact in float32, so the notebooks' token checks are asserted in exact dtypes
+    only; the tests compare in float64 on a CPU."""
     import torch
 
     return dtype in (torch.float32, torch.float64)
@@ -167,6 +167,6 @@ def exact(dtype) -> bool:
 
 def logit_tolerance(dtype) -> float:
     """How far the notebooks let two computations of the same logits differ: 1e-3 in float32/float64; 0.5 in
-    half precision, where the tiny pair's equal computations differed by 0.06-0.12 and a wrong mask or stale cache
-    entry by about 3 (notebooks 02, 03 and 05 in bfloat16 on a CPU)."""
+    half precision, above what rounding alone makes equal computations differ by and well below what a wrong mask
+    or a stale cache entry does (notebooks 02, 03 and 05 in bfloat16 on a CPU)."""
     return 1e-3 if exact(dtype) else 0.5

@@ -9,21 +9,19 @@
 Why each piece:
 - A plotly figure in an executed notebook is only `application/vnd.plotly.v1+json`: JupyterLab draws it, but
   nbconvert, GitHub and most previews show nothing. `add_static_fallbacks` adds a `text/html` rendering (a
-  `plotly-graph-div` and a `Plotly.newPlot` call that expects `Plotly` on the page); JupyterLab still prefers its
-  plotly renderer.
-- An explorer (an ipywidgets box) is `application/vnd.jupyter.widget-view+json` plus the widget state that
-  nbclient saves in the notebook's metadata. Drawing it outside Jupyter needs @jupyter-widgets/html-manager,
-  which nbconvert loads from a CDN: offline that is a blank box. So the fallback is a *snapshot* written here in
-  Python from the saved state: each control as "description: value" and the explorer's Output widgets (its
-  initial figures) drawn as above. It does not move; run the notebook to interact.
+  `plotly-graph-div` and a `Plotly.newPlot` call expecting `Plotly` on the page); JupyterLab still prefers its own.
+- An explorer (an ipywidgets box) is `application/vnd.jupyter.widget-view+json` plus the widget state nbclient
+  saves in the notebook's metadata; outside Jupyter it needs @jupyter-widgets/html-manager from a CDN, so offline
+  it is a blank box. The fallback is a *snapshot* written here from the saved state: each control as
+  "description: value" and the explorer's Output widgets (its initial figures) drawn as above. It does not move.
 - nbconvert's lab template loads require.js and MathJax from CDNs. `export_html` uses the `specdec_offline`
-  template (templates/ beside this file): no require.js (nothing here needs it, and with it plotly.js would
-  register as an AMD module instead of `window.Plotly`), no widget loader (the snapshots replace it), MathJax only
-  when `mathjax_url` names a local copy (otherwise the math stays readable TeX such as `$\\gamma$`), and
-  `plotly.min.js` from a file written once beside the pages.
+  template (templates/ beside this file): no require.js (with it plotly.js would register as an AMD module
+  instead of `window.Plotly`), no widget loader (the snapshots replace it), MathJax only when `mathjax_url` names
+  a local copy (otherwise the math stays readable TeX such as `$\\gamma$`), and `plotly.min.js` from a file
+  written once beside the pages.
 
-Simplifications: no PNG fallback (kaleido needs a Chrome of its own per export and is slow on a small CPU), so
-viewers that run no scripts at all (GitHub's) show the figure's text/plain only.
+Simplifications: no PNG fallback (kaleido needs a Chrome of its own per export, and is slow), so viewers that run
+no scripts at all (GitHub's) show the figure's text/plain only.
 """
 from __future__ import annotations
 

@@ -1,30 +1,26 @@
 """Execute the workbook's notebooks headless: `python -m specdec_lib.workbook.run_notebooks --out figures [--smoke]`.
 
 Each notebook under `notebooks/` (matching --pattern) runs top to bottom on a fresh `python3` kernel through
-nbclient. Like papermill, a cell is injected right after the cell tagged `parameters`; it sets
-`FIGURES_DIR = "<out>/<notebook stem>"` (figures are saved there as HTML) and, with --smoke, `SMOKE = True`
-(the notebook's next cell shrinks its sizes), and with --full, `FULL = True` (the long sweeps a notebook otherwise
-shows from data/results/notebooks run again and are saved there). The executed copy is written to `<out>/<name>.ipynb`, with a
-text/html fallback for every plotly figure and a static snapshot of every explorer (`offline_views`), and as a
-standalone page `<out>/<name>.html` that draws its figures offline; `<out>/index.html` links every notebook's
-page, .ipynb and figures. The executed copies are signed as trusted for this user (what `jupyter trust` does):
-JupyterLab draws the saved widgets of trusted notebooks only, and these outputs are our own. The time of each
-notebook is printed, and the exit status is non-zero, naming the notebook and the error, when any cell fails.
-Every output a cell wrote to stderr (what Jupyter draws as a red box: a warning, a library's log line) is listed
-after the notebook's time; with --fail-on-stderr such an output fails the run (the tests and the drift check
-use it: the workbook's pages carry no warnings). With --jobs N, N notebooks run at once, each kernel given its share
-of the cores (the tests run their SMOKE workbooks two at a time: CI's time; a --full run measures speeds, so one).
+nbclient. As papermill does, a cell is injected right after the cell tagged `parameters`: it sets
+`FIGURES_DIR = "<out>/<notebook stem>"` (figures are saved there as HTML), with --smoke `SMOKE = True` (the next
+cell shrinks the sizes), with --full `FULL = True` (the long sweeps otherwise read from data/results/notebooks
+run again and are saved there). Written: the executed copy `<out>/<name>.ipynb`, with the `offline_views`
+fallbacks (plotly figures as text/html, explorers as static snapshots), a standalone page `<out>/<name>.html`,
+and `<out>/index.html`. The executed copies are signed as trusted (what `jupyter trust` does: JupyterLab draws
+saved widgets of trusted notebooks only, and these outputs are our own). Each notebook's time is printed, the
+exit status is non-zero, naming the notebook and the error, when a cell fails, and every output a cell wrote to
+stderr (a warning, a library's log line) is listed; --fail-on-stderr fails the run on one (the tests and the
+drift check use it). With --jobs N, N notebooks run at once, each kernel given its share of the cores (a --full
+run measures speeds: keep it at one).
 
-Why our own runner and not papermill or nbmake (both were considered; both sit on nbclient, like this one):
-- papermill does what `inject_parameters` does (a cell after the one tagged `parameters`) and writes executed
-  copies, but it waits for each cell's reply exactly as nbclient does, so it has the stall below, and it brings
-  a dozen dependencies (click, tenacity, requests, aiohttp, entrypoints, ...) for the ten lines it would replace;
-- nbmake runs notebooks as pytest items, but it cannot inject parameters (our tests need `SMOKE = True`), has
-  the same stall, and does not write the executed copies `make workbook` publishes.
+Why our own runner and not papermill or nbmake (both sit on nbclient, like this one):
+- papermill injects parameters and writes executed copies too, but has the stall below and brings a dozen
+  dependencies for the ten lines it would replace;
+- nbmake runs notebooks as pytest items, but cannot inject parameters (the tests need `SMOKE = True`), has the
+  same stall, and does not write the executed copies `make workbook` publishes.
 What only this runner does:
-- the nbclient poll stall (jupyter/nbclient#312): a cell whose kernel sends a burst of ipywidgets comm messages
-  (a slider explorer) may wait for its reply until the cell *timeout* expires; `_poll_shell_in_slices` re-polls
-  every half second (tests/test_notebooks.py runs such a cell and times it);
+- it avoids nbclient's poll stall (jupyter/nbclient#312): a cell sending a burst of ipywidgets comm messages may
+  wait for its reply until the cell timeout; `_poll_shell_in_slices` re-polls every half second;
 - the offline views above (fallbacks, standalone HTML, the index).
 """
 from __future__ import annotations
@@ -188,8 +184,8 @@ def run_all(out_dir, smoke: bool = False, pattern: str = "*.ipynb", notebooks_di
     parameters cell, e.g. {"MODELS": "tiny"}), then write `out_dir/index.html`.
 
     jobs: notebooks run at once (each on its own kernel, `kernel_threads(jobs)` threads each). The SMOKE runs
-    set one thread, so on a 2-core machine two of them side by side take about half the time of one after the
-    other (the tests run them so). A FULL run measures speeds: keep it at one job. The runs come back in the
+    set one thread, so side by side they share the cores instead of waiting for each other (the tests run them
+    so). A FULL run measures speeds: keep it at one job. The runs come back in the
     notebooks' order; with stop_on_error, the notebooks not started when one fails are skipped."""
     from concurrent.futures import ThreadPoolExecutor
 

@@ -1,41 +1,28 @@
-"""The choosers of the "auto" draft budgets (budget.py is what a method holds): a chain's length, a tree's size.
+"""The choosers behind an "auto" `Budget` (facade.py): a chain's length (`ChainBudget`), a tree's size (`TreeBudget`).
 
-Each step the chooser picks the budget b that maximises the expected throughput
+Each step a chooser picks the budget b with the best expected throughput on this machine,
 
     budget* = argmax_b  E[tokens per step | b] / (draft_ms(b) + t(rows(b)))
 
-with t what one step of the decoding loop costs on this device for that many rows, read at the current context
-(cost_curve.py), and E[tokens] from the method's own running acceptance statistics. b = 0 (no draft: a plain
-step, 1 token for t(1)) is a candidate too, so where no draft pays the method decodes plainly, and probes a
-draft again after `probe_every` steps, or more: what trying costs is bounded to `trial_share` (TRIAL_SHARE, 3 %)
-of the time, so where a probe is dear (a real model's rows on a CPU) probes are rarer. The choice depends only
-on the history (committed tokens and verdicts) and on the curve, never on the random stream: the budget changes
-what is drafted, never what is emitted (lossless), and a test that injects a curve (`CostCurve.from_points`) gets
-the same choices every time.
+t what one loop step of that many rows costs here at the current context (cost_curve.py), E[tokens] from the
+method's running acceptance statistics. b = 0 (a plain step) is a candidate, so where no draft pays the method
+decodes plainly, probing a draft again after `probe_every` steps or more (probes lose at most TRIAL_SHARE of the
+time). The choice depends on the history and the curve only, never on the random stream: the budget changes what
+is drafted, never what is emitted, and an injected curve (`CostCurve.from_points`) gives the same choices each run.
 
-Two estimators of E[tokens | b]:
-- `ChainBudget` (a chain of g drafts: draft model, prompt lookup, CARD's query): P(accept depth d | depth d
-  reached) per depth, counted online and shrunk toward the pooled rate (depths never tried get the pooled rate),
-  so
-      E[tokens | g] = 1 + sum_{d=1..g} prod_{j<=d} a_j        (Leviathan's formula without the i.i.d. a);
-  a verified chain of g shows exactly what any shorter chain would have yielded; deeper depths are explored
-  by optimism (a bonus on a_d shrinking as 1 / sqrt(times depth d was reached), UCB-like, no coin), among the
-  depths whose speed by the counts is within EXPLORE_LOSS of the best one's; the counts
-  forget (CHAIN_DECAY per verified step), so the estimate follows the text's regime; the bonus
-  picks the depth only: whether to draft at all (against a plain step) is judged on the counts without it.
-- `TreeBudget` (a tree grown to a size budget: Cacheback's TDL, Lookahead's guesses, FAFO's find-out
-  candidates; EAGLE's head judges its own trees instead, confidence.py): a ladder of candidates, compared on
-  the same steps (a ratio estimator). A step's verdict tells, for every tree the proposer regrows for a
-  neighbouring candidate, what that tree would have yielded (`tree_yield`: the emitted path is fixed, so a tree that leaves it at position j yields j + 1),
-  exactly, or as a lower bound when a larger tree holds the whole path; every `probe_every` steps or more (as
-  above) the next larger candidate is verified instead (a deterministic probe, no coin).
+- `ChainBudget` (draft model, prompt lookup, CARD's query): P(accept depth d | depth d reached) counted online,
+  decaying, shrunk toward the pooled rate; E[tokens | g] = 1 + sum_{d=1..g} prod_{j<=d} a_j (Leviathan's formula
+  without the i.i.d. a). Deeper depths are explored by a UCB-like bonus (no coin) among the depths within
+  EXPLORE_LOSS of the best; whether to draft at all is judged on the counts without the bonus.
+- `TreeBudget` (Cacheback's TDL, Lookahead's guesses, FAFO's find-out rows; EAGLE's head judges its own trees,
+  confidence.py): a ladder of sizes compared on the same steps. The proposer regrows its neighbours' trees and
+  `tree_yield` reads what each would have yielded off the emitted path (exact, or a lower bound); a larger size is
+  verified now and then (a deterministic probe).
+`MeasuredSteps` corrects the curve by what the loop's steps took; rows that read only a compressed KV (FAFO's
+fumble rows: `cheap_rows`) are priced on the curve at the compressed length.
 
-Rows that read a compressed KV only (FAFO's fumble rows: `cheap_rows`) are priced on the curve at the compressed
-length instead.
-
-Simplifications: the draft time of the n-gram drafters is taken as zero (tens of microseconds against
-milliseconds of forward); a draft model's is gamma x its own one-row forward (at the first prefix);
-acceptance is modelled per depth only (not per context).
+Left out: the n-gram drafters' drafting time (taken as zero, microseconds against a forward's milliseconds; a
+draft model prices its own, `draft_ms`); acceptance is modelled per depth only, not per context.
 """
 from __future__ import annotations
 
@@ -47,9 +34,9 @@ from ...env import check_int
 
 # a chain's per-depth counts forget at this rate per verified step (an effective memory of about 20 steps)
 CHAIN_DECAY = 0.95
-# a chain's acceptance before any evidence (weight: `strength` steps): 0.3, a weak pair's rate, so that a draft
-# proves itself; at 0.5 SmolLM2's early-exit draft (accepted ~0.1-0.3 on HumanEval) drafted 3-9 tokens a step
-# for its first ten steps and lost 4-7 % of a generation's time before the counts caught up
+# a chain's acceptance before any evidence (weight: `strength` steps): a weak pair's rate, so that a draft
+# proves itself; a hopeful prior has a weak draft draft long chains for its first steps, which lose time before
+# the counts catch up
 CHAIN_PRIOR = 0.3
 # the most a chain's optimistic depth may lose against the depth the counts alone pick, per drafted step
 EXPLORE_LOSS = 0.1
@@ -69,9 +56,8 @@ def trial_wait(probe_every: int, lost_ms: float, step_ms: float | None, share: f
 
 class MeasuredSteps:
     """What the loop's steps took against the curve, per row count: a factor that multiplies the curve's price of
-    a step (`factor`). The curve times a bare forward; a loop step adds its mask, walk, commit and Python (on
-    SmolLM2 on a CPU 3-row chain steps ran 12 % above a plain step where the curve said 4 %; EAGLE's tree steps
-    on the tiny target 25 % above), and that gap decides whether a weak draft pays. A row count not run yet gets
+    a step (`factor`). The curve times a bare forward; a loop step adds its mask, walk, commit and Python, more
+    for more rows than the curve says, and that gap can decide whether a weak draft pays. A row count not run yet gets
     the mean factor of those run (the machine's speed now); a factor starts there and moves at COST_RATE, so one
     slow step does not condemn a row count."""
 
@@ -98,6 +84,17 @@ class PricedSteps:
 
     curve: Callable[[float], float]
     measured: MeasuredSteps
+    cheap_rows = 0  # rows every step pays that read only a compressed KV (TreeBudget: FAFO's fumble rows)
+
+    @property
+    def learns_costs(self) -> bool:
+        """Whether the loop's step timings correct the curve (not for steps with cheap rows: the curve prices
+        those apart)."""
+        return not self.cheap_rows
+
+    def stats(self) -> dict:
+        """The curve chosen from last (at the generation's last context) and every curve read (ContextCosts)."""
+        return dict(curve=repr(self.curve), costs=repr(self.costs))
 
     def step_ms(self, rows: float) -> float:
         """A verify step of `rows` rows: the curve, times what the loop's steps of that many rows took against it
@@ -114,8 +111,8 @@ class ChainBudget(PricedSteps):
     plain: g = 0 (no draft) is a candidate; after `probe_every` plain steps in a row, one step drafts the best
     g >= 1 (a probe: a plain step teaches nothing about acceptance). A probe loses, by the estimates without
     the optimism, draft_ms(g) + t(g + 1) - E[tokens | g] x t(1); it waits until `trial_share` of the plain
-    steps' time since the last one covers that (where a draft's step costs twice a plain one, as on a real
-    model on a CPU, probes come every few dozen steps, not every 16)."""
+    steps' time since the last one covers that (where a drafted step costs far more than a plain one, probes come
+    more rarely than every `probe_every`)."""
 
     def __init__(self, curve, max_len: int = 16, draft_ms: Callable[[int], float] | None = None,
                  prior: float = CHAIN_PRIOR, strength: float = 2.0, explore: float = 0.25, plain: bool = True,
@@ -157,12 +154,12 @@ class ChainBudget(PricedSteps):
         top = self.max_len if limit is None else max(1, min(self.max_len, limit))
         step_ms = np.array([self.draft_ms(g) + self.step_ms(g + 1) for g in range(0, top + 1)])
         # the optimism picks how deep to draft; whether to draft at all is judged without it, so a draft that the
-        # counts say loses is not kept up by its bonus (a real pair's weak draft on a CPU lost 11 % so): a plain
-        # step wins ties, and probes (bounded by trial_share) keep testing that verdict
+        # counts say loses is not kept up by its bonus: a plain step wins ties, and probes (bounded by
+        # trial_share) keep testing that verdict
         speed = self.expected_tokens(optimistic=True)[:top + 1] / step_ms  # (top + 1,)
         sure = self.expected_tokens()[:top + 1] / step_ms
-        # exploring costs at most EXPLORE_LOSS of a drafted step by the counts: after one lucky opening (3 of 3
-        # accepted) the optimism alone chose 15 drafts on SmolLM2, a step of twice a plain one's time
+        # exploring costs at most EXPLORE_LOSS of a drafted step by the counts: after one lucky opening the
+        # optimism alone would pick the longest chain, a step far dearer than a plain one
         allowed = sure[1:] >= (1.0 - EXPLORE_LOSS) * sure[1:].max()
         g = 1 + int(np.argmax(np.where(allowed, speed[1:], -np.inf)))
         if self.plain and sure[0] >= sure[1:].max():
@@ -175,6 +172,15 @@ class ChainBudget(PricedSteps):
             self.plain_run = 0
         self.gain = sure[g] / sure[0]
         return g
+
+    def plan(self, context: int, limit: int | None = None) -> tuple[int, list[int]]:
+        """The Chooser protocol (budget/facade.py): this step's chain length, nothing to regrow."""
+        return self.choose(limit, context), []
+
+    def learn(self, verdict) -> None:
+        """The Chooser protocol: a drafted chain's depths reached and accepted (a plain step shows nothing)."""
+        if len(verdict.proposal.tree):
+            self.record(len(verdict.proposal.tree), len(verdict.accepted))
 
     def probe_wait(self, g: int) -> int:
         """Plain steps before a probe at g: `probe_every`, or more where the probe's expected loss needs them."""
@@ -283,7 +289,7 @@ class TreeBudget(PricedSteps):
 
     def best(self) -> int:
         """Index of the candidate to verify: the current one unless another is `margin` faster by estimate
-        (looked at every `decide_every` steps: the estimates move slowly, and each look costs tens of us)."""
+        (looked at every `decide_every` steps: the estimates move slowly, and each look runs between two forwards)."""
         if self.verified_weight > 0 and self.steps % self.decide_every == 1 % self.decide_every:
             speeds = self.speeds()
             start = self.lowest if self.steps <= self.probe_every and not self.floor_spent() else 0
@@ -314,6 +320,16 @@ class TreeBudget(PricedSteps):
             self.since_probe = 0
         others = self.candidates[max(0, k - self.window):k] + self.candidates[k + 1:k + 1 + self.above]
         return self.candidates[k], others
+
+    def plan(self, context: int, limit: int | None = None) -> tuple[int, list[int]]:
+        """The Chooser protocol (budget/facade.py): `choose` (a tree's size has no `limit`: the tree stops at the
+        depth the loop allows)."""
+        return self.choose(context)
+
+    def learn(self, verdict) -> None:
+        """The Chooser protocol: what the verified tree and the regrown candidates yielded (`record_proposal`)."""
+        if "regrow" in verdict.proposal.carry:
+            self.record_proposal(verdict.proposal, verdict.emitted)
 
     def probe_wait(self, k: int) -> int:
         """Steps between probes from candidate index k: `probe_every`, or more where the probe is expected to

@@ -1,37 +1,27 @@
 """EAGLE-2's budget from the head's own confidence: how deep to draft and how many nodes to verify, step by step.
 
 Li et al. 2024, "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees", section 3: the draft
-head's confidence in a token tracks how often the target accepts it, so the product of the head's probabilities
-along a path estimates the path's chance to be accepted. EAGLE-2 uses that to expand and rerank a tree of a
-fixed size; here it also picks the size and the depth of each step's tree on this machine's cost curve. (The
-other "auto" budgets learn a yield per size from past steps, choosers.py; EAGLE has a better estimate at every
-step, from the head itself, before the target has seen anything: a hard opening then costs no trust later.)
+head's confidence in a token tracks how often the target accepts it. EAGLE-2 uses that to expand and rerank a
+tree of a fixed size; `ConfidenceBudget` also picks each step's size and depth on this machine's cost curve, from
+the head itself before the target has seen anything (the other choosers learn a yield per size from past steps).
 
-- Calibration: P(the target accepts a node | it accepted the node's parent), as a function of the head's
-  probability q of the node's token given its parent, counted per q-bin from every verdict (a node counts where
-  its parent was accepted), starting from q itself at PRIOR_WEIGHT pseudo-counts per bin. A node's *value* is
-  the product of the calibrated probabilities along its path: its chance to be accepted, so a tree's expected
-  tokens per step are 1 + the sum of its nodes' values; a child's value never exceeds its parent's, so the best
-  b nodes by value are a tree.
-- What a token is worth: a plain step makes one in t(1) ms (the curve at the context, corrected by what the
-  loop's steps took, choosers.MeasuredSteps), so a step that makes E tokens in T ms saves E t(1) - T ms over
-  plain steps. Every decision below maximises that saving.
-- Depth (`expand`): each further depth is one head forward (`head_ms`, as measured), drafted when the frontier
-  nodes it expands are expected to add more than head_ms / t(1) tokens: the sum of their values x g, g the
-  running mean of the calibrated probability of an expanded node's best child; a node is expanded only where
-  value x g pays the verify row it would add (the curve's slope per row).
-- Size (`size`): of the nodes drafted, verify the ladder's b with the largest 1 + sum(best b values) - t(b + 1)
-  / t(1) (b = 0 included: a plain verify, the head's forwards already paid).
-- Drafting at all (`drafting`): the catch-up forward is paid before any confidence is seen. The running mean of
-  the drafted steps' expected saving (what `size` found, less the drafting: the head's forwards at head_ms) says
-  whether drafting pays; after WARMUP drafted steps, below zero, the method decodes plainly and probes again after
-  `probe_every` steps, or more, so that a probe's expected loss stays within TRIAL_SHARE of the time (as the
-  other budgets' probes). Expected, not realised: the calibration already follows the verdicts, and a step's
-  realised tokens swing by several around it (measured on the tiny pair, 24 prompts: judged on the realised
-  saving, 35 % of the steps were plain and eagle ran 1.16x plain decoding; on the expected one, 29 % and 1.20x).
+- Calibration: P(the target accepts a node | it accepted the parent) per bin of the head's probability q, counted
+  from every verdict, starting from q itself (PRIOR_WEIGHT pseudo-counts per bin). A node's *value*, the product
+  of the calibrated probabilities along its path, is its chance to be accepted: a tree's expected tokens are 1 +
+  the sum of its values, and as a child's value never exceeds its parent's, the best b nodes by value are a tree.
+- Worth: a plain step makes one token in t(1) ms (the curve at the context, corrected by MeasuredSteps), so a step
+  making E tokens in T ms saves E t(1) - T; every decision below maximises that saving.
+- Depth (`expand`): one more head forward (`head_ms`) where the frontier nodes it expands are expected to add more
+  than head_ms / t(1) tokens (their values x g, g the running mean of an expanded node's best child), a node
+  expanded only where value x g pays the verify row it adds (the curve's slope per row).
+- Size (`size`): the ladder's b with the largest 1 + sum(best b values) - t(b + 1) / t(1) (b = 0: a plain verify).
+- Drafting at all (`drafting`): after WARMUP drafted steps, while the running mean of the expected saving (less the
+  head's forwards) is below zero, plain steps, with probes bounded by TRIAL_SHARE as the other budgets'. Judged on
+  the expected saving, not the realised one: the calibration already follows the verdicts, and a step's realised
+  tokens swing by several around it.
 
-Simplifications: calibration per q-bin only (not per depth or context); a head forward priced at one number
-whatever its rows (at most topk); one running mean g for every depth.
+Left out: calibration per q-bin only (not per depth or context); a head forward priced at one number whatever
+its rows (at most topk); one running mean g for every depth.
 """
 from __future__ import annotations
 
@@ -39,6 +29,7 @@ from typing import Sequence
 
 from ...env import check_int
 from .choosers import TRIAL_SHARE, MeasuredSteps, PricedSteps, trial_wait
+from .. import dynamic_tree
 from ..draft_tree import ROOT
 
 BINS = 10  # q-bins of the calibration, each 1 / BINS wide
@@ -123,6 +114,26 @@ class ConfidenceBudget(PricedSteps):
         self.gain = (1.0 + sums[best]) * self.t1 / (draft_ms + self.step_ms(best + 1))
         self.expected = best_saving - draft_ms
         return best
+
+    # -- the Chooser protocol (budget/facade.py) ---------------------------------------------------------
+    def plan(self, context: int, limit: int | None = None) -> tuple[int, list[int]]:
+        """0 for a plain step (drafting does not pay here: a probe comes later), else the largest size the tree
+        may keep (`size` picks it once the tree is grown)."""
+        return (self.ladder[-1] if self.drafting(context) else 0), []
+
+    def grow(self, first: tuple, forward, depth: int, topk: int) -> list:
+        """EAGLE-2's tree, expanded where the calibrated values pay a forward (dynamic_tree.grow with this judge)."""
+        return dynamic_tree.grow(first, forward, depth, topk, 0, self)
+
+    def keep(self, root: int, nodes: list, forwards: int) -> tuple:
+        """(tree, size, carry): the size from the nodes' values, drafting priced at the head's ms per forward."""
+        return dynamic_tree.judged(root, nodes, self, self.head_ms * forwards)
+
+    def learn(self, verdict) -> None:
+        """A drafted step's verdict teaches the calibration (a plain step drafted nothing to calibrate)."""
+        proposal = verdict.proposal
+        if "probs" in proposal.carry:
+            self.record(proposal.tree.parents, proposal.carry["probs"], verdict.accepted, proposal.carry["saving"])
 
     # -- learning from the verdict ------------------------------------------------------------------------
     def record_draft(self, ms: float, forwards: int) -> None:

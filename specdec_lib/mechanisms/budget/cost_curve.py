@@ -2,28 +2,26 @@
 
 A step that verifies R rows (the root and R - 1 drafted tokens) costs t(R) ms. On a GPU t is nearly flat for
 small R (the weights are read once per forward either way); on a CPU it grows early, and not always smoothly
-(a kernel switch at 2 rows is common: notebook 00 measures it). The choosers in budget.py weigh the tokens a
-draft is expected to yield against this price, so the curve has to be this model's, on this device, in this
-dtype, with these linear kernels (prepack.py), timed the way the loop really runs a step:
+(a kernel switch at 2 rows is common: notebook 00 measures it). The choosers (choosers.py, confidence.py) weigh
+the tokens a draft is expected to yield against this price, so the curve has to be this model's, on this device,
+in this dtype, with these linear kernels (models/prepack.py), timed the way the loop really runs a step:
 
 - `CostCurve`: t(rows) at one cached-prefix length, timed by step_cost.verify_cost (the loop's own verify +
   commit: tree mask, masked attention and the walk included, which a bare forward leaves out), linear between
-  measured row counts, each a median kept as measured (a kernel switch makes t non-monotone: the choosers
-  see it and draft past it), floored at t(1), cached on disk per
-  `model_key` + prefix (`cost_cache_dir`) and in memory per process; `from_points` injects one (tests).
-- `ContextCosts`: the price of a row grows with the context (every full-context row reads the whole KV cache,
-  so at 16k tokens 8 rows cost far more over one than at 256): curves after several prefixes (PREFIXES, those
-  the generation reaches), linear in the prefix between them and beyond (attention is linear in the keys it
-  reads); `at(context)` is the curve a step at that context pays.
-- `SPECDEC_COSTS=estimate` (the tests' default): no timing at all; a curve priced from the parameters a step reads,
-  nearly flat in rows (a GPU's shape, so every "auto" budget drafts), the same on every machine.
+  measured row counts, each a median kept as measured (a kernel switch makes t non-monotone: the choosers see it
+  and draft past it), floored at t(1), cached on disk per `model_key` + prefix (`cost_cache_dir`) and in memory
+  per process; `from_points` injects one (tests).
+- `ContextCosts`: every full-context row reads the whole KV cache, so a row's price grows with the context:
+  curves after several prefixes (PREFIXES, those the generation reaches), linear in the prefix between them and
+  beyond (attention is linear in the keys it reads); `at(context)` is the curve a step at that context pays.
+- `SPECDEC_COSTS=estimate` (the tests' default): no timing at all; a curve priced from the parameters a step
+  reads, nearly flat in rows (a GPU's shape, so every "auto" budget drafts), the same on every machine.
 - `resolve_curve` (a method's `costs=` option), `reach` (the longest context a request reaches) and
-  `prepare_costs` (measure before anything is timed: a benchmark calls it so no generation's time holds a
-  measurement).
+  `prepare_costs` (measure before anything is timed, so no generation's time holds a measurement).
 
-Simplifications: t is measured at a few prefixes (256, 1k, 4k, 8k, 16k, ...) on the loop's plain cache (FAFO's
-store reads through its own attention: priced the same); the prefix holds random token ids (cost does not depend
-on them); batch size 1.
+Left out: t is measured at a few prefixes only (PREFIXES) on the loop's plain cache (FAFO's store reads through
+its own attention: priced the same); the prefix holds random token ids (cost does not depend on them); batch
+size 1.
 """
 from __future__ import annotations
 
@@ -82,16 +80,16 @@ def _device_name(device) -> str:
 
 def model_key(model) -> dict:
     """What a curve is valid for: device name, model identity (name_or_path, parameter count, config hash),
-    dtype, its linear kernels (prepack.py), the torch version, and what was timed."""
+    dtype, its linear kernels (models/prepack.py), the torch version, and what was timed."""
     import torch
 
-    from ...models.prepack import is_prepacked
     param = next(model.parameters())
+    packed = any(getattr(m, "prepacked", False) for m in model.modules())  # models/prepack.PackedLinear's mark
     config = json.dumps(model.config.to_dict(), sort_keys=True, default=str)
     return dict(device=_device_name(param.device), model=str(getattr(model.config, "name_or_path", "") or ""),
                 params=int(sum(p.numel() for p in model.parameters())),
                 config=hashlib.sha256(config.encode()).hexdigest()[:16], dtype=str(param.dtype),
-                linear="prepacked" if is_prepacked(model) else "plain", torch=torch.__version__, timed=CURVE_KIND)
+                linear="prepacked" if packed else "plain", torch=torch.__version__, timed=CURVE_KIND)
 
 
 class CostCurve:
@@ -107,10 +105,9 @@ class CostCurve:
         if not np.all(np.isfinite(self.ms)) or np.any(self.ms <= 0):
             raise ValueError(f"costs must be positive finite ms, got {list(ms)}")
         # each point is a median of repeats, kept as measured: a point above a later, larger one is a kernel
-        # switch, not noise (SmolLM2-135M on 2 CPU threads: 2 rows 43 ms, 1 row and 3-6 rows 38-39 ms, in every
-        # run). The loop runs a step at its own row count, so pricing 2 rows at the 6-row price (the monotone
-        # envelope this once took) chose single drafts that really cost 12 % more. Only a point below the
-        # one-row price is noise: no step costs less than a plain one.
+        # switch, not noise, and the loop runs a step at its own row count, so a monotone envelope would price
+        # such a row count below what it really costs. Only a point below the one-row price is noise: no step
+        # costs less than a plain one.
         self.ms = np.maximum(self.ms, self.ms[0])
         self._rows, self._ms = self.rows.tolist(), self.ms.tolist()
         self.key = key
@@ -161,7 +158,7 @@ class CostCurve:
                 return curve
         from .step_cost import verify_cost  # imported here: step_cost imports verify, which is heavier
         table = verify_cost(model, rows, prefix=prefix, repeats=repeats, warmup=2)
-        curve = _MEMO[digest] = cls(table["rows"].tolist(), table["median_ms"].tolist(), key)  # made monotone
+        curve = _MEMO[digest] = cls(table["rows"].tolist(), table["median_ms"].tolist(), key)  # floored at t(1)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(dict(key=key, prefix=prefix, rows=curve.rows.tolist(), ms=curve.ms.tolist())))

@@ -1,50 +1,44 @@
-"""The one object a method holds for its draft-size knob (`Budget`), and where the `"auto"` budgets live.
+"""The one object a method holds for its draft-size knob (`Budget`), and the protocol of what sits behind it.
 
-A method's draft budget (Cacheback's TDL, a draft model's gamma, prompt lookup's num_tokens) trades tokens
-per target forward against the forward's price. Papers pick it on their GPU, where extra rows are nearly
-free; on a CPU a forward's cost grows with its rows early (notebook 00, section 3, measures the curve), and the
-paper's TDL loses to a small tree (notebook 04 sweeps it). So under "auto" a chooser picks the budget, step by
-step, with the best expected tokens per ms on this machine's own cost curve, a plain step included:
+A method's draft budget (Cacheback's TDL, a draft model's gamma, prompt lookup's num_tokens) trades tokens per
+target forward against the forward's price. Papers pick it on their GPU, where extra rows are nearly free; on a
+CPU a forward's cost grows with its rows early (notebook 00 measures the curve), so under "auto" a chooser picks
+the budget step by step, with the best expected tokens per ms on this machine's cost curve, a plain step
+included (choosers.py, confidence.py). A fixed int is a chooser too (`Fixed`), so the facade never asks which
+kind it holds: every chooser answers the `Chooser` protocol,
 
-- cost_curve.py: what a step of the loop costs for R rows at a context (measured once, cached on disk);
-- choosers.py: `ChainBudget` (a chain's length: draft model, prompt lookup, CARD's query) and `TreeBudget` (a
-  tree's size: Cacheback, Lookahead's guesses, FAFO's candidates), their probes bounded to TRIAL_SHARE of the
-  time;
-- confidence.py: `ConfidenceBudget` (EAGLE's tree: depth and size from the head's calibrated confidence);
-- side_budget.py: `SideBudget`, rows that feed a pool (Lookahead's window, FAFO's streams) or drafting at all
-  (CARD), on or off;
-- here: `Budget`, what a method holds (check, start, choose, record, stats, info): the int the user gave,
-  honoured exactly, or "auto" and a chooser built at the generation's start; each step's choice and its expected
-  gain over a plain step go into the step records ("draft_size", "expected_gain").
+    plan(context, limit) -> (size, others)   this step's budget (0: a plain step) and the tree sizes to regrow
+    learn(verdict)                           what the verified step shows (depths, counterfactual yields,
+                                             calibration)
+    record_ms(rows, ms), learns_costs        the loop's timing of a step, when it corrects the curve
+    stats()                                  what the method's stats add
+
+and the choosers of EAGLE-2's dynamic tree (`Fixed`, `ConfidenceBudget`) also `grow` the tree, `keep` its best
+nodes and `record_draft` what drafting took. Each step's choice and its expected gain over a plain step go into
+the step records ("draft_size", "expected_gain").
+
+Left out: budgets that change within a step; one chooser for two knobs (a method's side rows have their own
+`SideBudget`, side.py).
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol
 
 from ...env import check_int
+from .. import dynamic_tree
 from .choosers import TRIAL_SHARE, ChainBudget, TreeBudget, tree_yield
 from .confidence import ConfidenceBudget
 from .cost_curve import reach, resolve_curve
 from .side import SideBudget, text_tree_yield
 
-__all__ = ["AUTO", "TRIAL_SHARE", "Budget", "ChainBudget", "ConfidenceBudget", "SideBudget", "TreeBudget",
-           "check_budget", "check_costs", "chooser_stats", "is_auto", "text_tree_yield", "tree_yield"]
+__all__ = ["AUTO", "TRIAL_SHARE", "Budget", "ChainBudget", "Chooser", "ConfidenceBudget", "Fixed", "SideBudget",
+           "TreeBudget", "check_budget", "check_costs", "is_auto", "text_tree_yield", "tree_yield"]
 
 AUTO = "auto"
 
+
 def is_auto(value) -> bool:
     return isinstance(value, str) and value == AUTO
-
-
-def chooser_stats(chooser) -> dict:
-    """What a method with an 'auto' budget adds to its stats (nothing if fixed): the cost curve it chose from
-    last ("curve", at the generation's last context) and every curve it read ("costs": a ContextCosts' prefixes).
-    The budget chosen each step is in the step records, under "draft_size"."""
-    if chooser is None:
-        return {}
-    if isinstance(chooser, ConfidenceBudget):  # and what it learnt: the head's price, its calibration
-        return chooser.stats()
-    return dict(curve=repr(chooser.curve), costs=repr(chooser.costs))
 
 
 def check_costs(option: str, value, **curves) -> None:
@@ -64,10 +58,54 @@ def check_budget(name: str, value, minimum: int = 1):
     return check_int(name, value, minimum)
 
 
+class Chooser(Protocol):
+    """What every chooser answers (see the module doc)."""
+    gain: float | None  # the last choice's expected tokens per ms over a plain step's (None: no estimate yet)
+    cheap_rows: int  # rows every step pays that read only a compressed KV (FAFO's fumble rows)
+
+    @property
+    def learns_costs(self) -> bool: ...
+    def plan(self, context: int, limit: int | None = None) -> tuple[int | None, list[int]]: ...
+    def learn(self, verdict) -> None: ...
+    def record_ms(self, rows: int, ms: float) -> None: ...
+    def stats(self) -> dict: ...
+
+
+class Fixed:
+    """The budget the user gave: the same size every step, honoured exactly, nothing learnt. For a dynamic tree
+    (`grow`, `keep`): the `value` best nodes by the drafter's cumulative log-probability."""
+    gain, cheap_rows, learns_costs = None, 0, False
+
+    def __init__(self, value):
+        self.value = value
+
+    def plan(self, context: int, limit: int | None = None) -> tuple[int | None, list[int]]:
+        return self.value, []
+
+    def learn(self, verdict) -> None:
+        pass
+
+    def record_ms(self, rows: int, ms: float) -> None:
+        pass
+
+    def record_draft(self, ms: float, forwards: int) -> None:
+        pass
+
+    def stats(self) -> dict:
+        return {}
+
+    def grow(self, first: tuple, forward: dynamic_tree.Forward, depth: int, topk: int) -> list:
+        return dynamic_tree.grow(first, forward, depth, topk, keep=self.value)
+
+    def keep(self, root: int, nodes: list, forwards: int) -> tuple:
+        order = dynamic_tree.kept(nodes, self.value)
+        return dynamic_tree.to_tree(root, nodes, order), self.value, {}
+
+
 class Budget:
     """One method's draft-size knob: check it, start a generation, choose each step, record each verdict,
-    report stats. A fixed int (>= `minimum`) is honoured exactly; "auto" builds a chooser at `start` from the
-    target's cost curve (injected `costs=`, or measured here up to the context the request reaches).
+    report stats. A fixed int (>= `minimum`) is honoured exactly (`Fixed`); "auto" builds a chooser at `start`
+    from the target's cost curve (injected `costs=`, or measured here up to the context the request reaches).
 
     `costs`: the method's injected curves by option name (costs=, draft_costs=), read only under "auto", or
     when `shared` (another "auto" knob of the method reads them too: Lookahead's window, FAFO's streams, CARD's
@@ -81,7 +119,7 @@ class Budget:
         if not shared:
             check_costs(option, value, **costs)
         self.costs = costs
-        self.chooser: ChainBudget | TreeBudget | ConfidenceBudget | None = None
+        self.chooser: Chooser = Fixed(self.value)
         self.others: list[int] = []  # a tree chooser's neighbouring candidates this step (to regrow)
 
     @property
@@ -93,54 +131,56 @@ class Budget:
         return resolve_curve(self.costs.get(name), model, upto)
 
     def start(self, request, build: Callable) -> None:
-        """A new generation: build(curve) -> the chooser (a ChainBudget or TreeBudget over the target's curve up
-        to the context `request` reaches), under "auto"; nothing for a fixed value."""
-        self.chooser = build(self.curve(request.target, reach(request))) if self.auto else None
+        """A new generation: under "auto", build(curve) -> the chooser, over the target's curve up to the
+        context `request` reaches; a fixed value keeps its `Fixed`."""
+        self.chooser = build(self.curve(request.target, reach(request))) if self.auto else Fixed(self.value)
 
-    def choose(self, context: int, limit: int | None = None) -> int:
-        """This step's budget at `context` tokens: the fixed value, or the chooser's (a chain's at most `limit`;
-        a tree chooser's other candidates wait in `others`, for `carry`)."""
-        self.others = []
-        if self.chooser is None:
-            return self.value
-        if isinstance(self.chooser, ChainBudget):
-            return self.chooser.choose(limit, context)
-        size, self.others = self.chooser.choose(context)
+    def choose(self, context: int, limit: int | None = None) -> int | None:
+        """This step's budget at `context` tokens (a chain's at most `limit`; a tree chooser's other candidates
+        wait in `others`, for `carry`; EAGLE-2's judge: 0 for a plain step, else the largest size it may keep)."""
+        size, self.others = self.chooser.plan(context, limit)
         return size
+
+    def price_cheap_rows(self, rows: int) -> None:
+        """This step pays `rows` rows that read only the compressed KV (FAFO's fumble rows, when they run)."""
+        self.chooser.cheap_rows = rows
 
     def carry(self, trees: Callable[[int], object], extra_rows: int = 0) -> dict:
         """Proposal.carry for a tree chooser's step (TreeBudget.carry); {} when fixed (nothing to regrow)."""
-        return {} if self.chooser is None else TreeBudget.carry(self.others, trees, extra_rows)
+        return TreeBudget.carry(self.others, trees, extra_rows) if self.auto else {}
+
+    def grow(self, first: tuple, forward: dynamic_tree.Forward, depth: int, topk: int) -> list:
+        """EAGLE-2's dynamic tree, every node drafted this step (dynamic_tree.grow, shaped by the chooser)."""
+        return self.chooser.grow(first, forward, depth, topk)
+
+    def keep(self, root: int, nodes: list, forwards: int) -> tuple:
+        """(the DraftTree to verify, its size, the proposal's carry) from a grown tree's nodes; `forwards`: the
+        drafter forwards this step took (priced by the judge)."""
+        return self.chooser.keep(root, nodes, forwards)
+
+    def record_draft(self, ms: float, forwards: int) -> None:
+        """A dynamic tree's drafting took `ms` over `forwards` drafter forwards (the judge's price learns)."""
+        self.chooser.record_draft(ms, forwards)
 
     def info(self, size: int) -> dict:
         """What the step record says of this step's budget: "draft_size", and under "auto" the chooser's
         "expected_gain" (estimated tokens per ms over a plain step's; None before it has data)."""
-        if self.chooser is None:
+        if not self.auto:
             return dict(draft_size=size)
         gain = self.chooser.gain
         return dict(draft_size=size, expected_gain=None if gain is None else round(float(gain), 3))
 
     def record(self, verdict) -> None:
-        """Learn from a verified step (nothing when fixed): a chain's depths drafted and accepted, a tree's
-        counterfactual yields (what `carry` regrows), EAGLE's calibration (the verified nodes' head probabilities)."""
-        if self.chooser is None:
-            return
-        proposal = verdict.proposal
-        if isinstance(self.chooser, TreeBudget):
-            if "regrow" in proposal.carry:
-                self.chooser.record_proposal(proposal, verdict.emitted)
-        elif isinstance(self.chooser, ConfidenceBudget):
-            if "probs" in proposal.carry:  # a drafted step (a plain one drafted nothing to calibrate)
-                self.chooser.record(proposal.tree.parents, proposal.carry["probs"], verdict.accepted,
-                                    proposal.carry["saving"])
-        elif len(proposal.tree):
-            self.chooser.record(len(proposal.tree), len(verdict.accepted))
-        ms = verdict.verify_ms  # the loop's timing of this step (None: the prefill's)
+        """Learn from a verified step (nothing when fixed), and correct a measured curve by the loop's timing."""
+        self.chooser.learn(verdict)
+        proposal, ms = verdict.proposal, verdict.verify_ms  # ms: the loop's timing of this step (None: the prefill)
         # a measured curve is corrected by the steps (an injected one is taken as given), where the step's rows
         # are the tree's (side rows, Lookahead's window or FAFO's fumble rows, are priced by the curve alone)
-        if ms is not None and self.costs.get("costs") is None and proposal.side is None \
-                and not getattr(self.chooser, "cheap_rows", 0):
+        if ms is not None and self.costs.get("costs") is None and proposal.side is None and self.chooser.learns_costs:
             self.chooser.record_ms(len(proposal.tree) + 1, ms)
 
     def stats(self) -> dict:
-        return chooser_stats(self.chooser)
+        """What a method with an 'auto' budget adds to its stats (nothing if fixed): the cost curve it chose from
+        last ("curve") and every curve it read ("costs"), and what a judge learnt (EAGLE's head price, its
+        calibration). The budget chosen each step is in the step records, under "draft_size"."""
+        return self.chooser.stats()

@@ -30,8 +30,8 @@ class SideBudget:
     and ends, off, as soon as that passes its allowance: `trial_share` x the plain time of the `horizon` tokens the
     generation makes (the warm-up; none given: no allowance), or `trial_share` x the plain time of the steps run
     off since the last trial (a probe). The next probe waits until that allowance covers what the last trial
-    lost per step x `probe_len`. Where a side row costs as much as a whole plain step (FAFO's 60 fumble rows on
-    a real model on a CPU), the warm-up ends after a step or two and probes are rare; where side rows are
+    lost per step x `probe_len`. Where the side rows cost about as much as a whole plain step (many fumble rows
+    where extra rows are dear), the warm-up ends after a step or two and probes are rare; where side rows are
     nearly free, nothing changes."""
 
     def __init__(self, costs, context: int = 0, cheap_context: int | None = None, probe_every: int = 48,

@@ -11,19 +11,16 @@ choose from (kept as curves by cost_curve.py, read by budget.py's choosers), and
   the mask and the masked attention add a share that grows with R (notebook 08, section 2, draws both curves).
 
 Simplifications: batch size 1 (forward_cost takes `batch` for notebook 00's batch sweep); the prefix is random
-token ids (cost does not depend on the ids); the cache is rolled back to the prefix after every timed call, so
+token ids (cost does not depend on the ids); the cache is rolled back to the prefix before every timed call, so
 each measurement sees the same state.
 """
 from __future__ import annotations
-
-import statistics
-import time
 
 import pandas as pd
 import torch
 
 from ... import compat
-from ...env import synchronize, vocab_size
+from ...env import median_ms, vocab_size
 from ..kv_cache import new_cache, rollback
 
 DEFAULT_ROWS = (1, 2, 4, 8, 16, 32, 64)  # query rows per timed forward (q is the draft distribution only)
@@ -32,8 +29,8 @@ DEFAULT_ROWS = (1, 2, 4, 8, 16, 32, 64)  # query rows per timed forward (q is th
 def _time_steps(model, rows, prefix: int, repeats: int, warmup: int, name: str | None, seed: int,
                 make_step, batch: int = 1) -> pd.DataFrame:
     """The timing both curves share: random ids, a prefix prefilled once, then for each R the median of
-    `repeats` calls of make_step(cache, ids, R)() after `warmup`, the cache rolled back to the prefix after
-    every call. ids: (batch, prefix + max R) random token ids."""
+    `repeats` calls of make_step(cache, ids, R)() after `warmup` (env.median_ms), the cache rolled back to the
+    prefix before every call. ids: (batch, prefix + max R) random token ids."""
     rows = sorted(int(r) for r in rows)
     if not rows or rows[0] < 1:
         raise ValueError(f"rows must be positive ints, got {rows}")
@@ -52,18 +49,11 @@ def _time_steps(model, rows, prefix: int, repeats: int, warmup: int, name: str |
         cache = new_cache(model, capacity=prefix + rows[-1])  # the loop's kind of cache
         compat.forward(model, input_ids=ids[:, :prefix], cache=cache, use_cache=True)
         for r in rows:
-            step = make_step(cache, ids, r)
-            times = []
-            for i in range(warmup + repeats):
-                synchronize(device)
-                start = time.perf_counter()
-                step()
-                synchronize(device)
-                if i >= warmup:
-                    times.append((time.perf_counter() - start) * 1000)
-                rollback(cache, prefix)
+            times = []  # every timed ms, for min_ms
+            median = median_ms(make_step(cache, ids, r), repeats, device, warmup=warmup,
+                               setup=lambda: rollback(cache, prefix), samples=times)
             records.append(dict(model=name or type(model).__name__, device=str(device), prefix=prefix, batch=batch,
-                                rows=r, median_ms=statistics.median(times), min_ms=min(times)))
+                                rows=r, median_ms=median, min_ms=min(times)))
     df = pd.DataFrame(records)
     df["ms_per_token"] = df["median_ms"] / df["rows"]
     df["relative"] = df["median_ms"] / df["median_ms"].iloc[0]
@@ -75,7 +65,7 @@ def forward_cost(model, rows=DEFAULT_ROWS, prefix: int = 256, repeats: int = 15,
     """Median ms of one forward with R query rows (tokens) over a cached prefix of `prefix` tokens, for `batch`
     sequences at once (B x R rows in all).
 
-    The cache is prefilled once; after every timed forward it is rolled back to `prefix` tokens, so each
+    The cache is prefilled once; before every timed forward it is rolled back to `prefix` tokens, so each
     measurement sees the same state. Returns one line per R: model, device, prefix, rows, median_ms, min_ms,
     ms_per_token (median_ms / rows), relative (median_ms / median_ms at the fewest rows).
     lazy_head=True times what the loop's verifying forward does (verify.RowLogits): the body on R rows and the
@@ -101,7 +91,7 @@ def verify_cost(model, rows=DEFAULT_ROWS, prefix: int = 256, repeats: int = 7, w
                 name: str | None = None, seed: int = 0) -> pd.DataFrame:
     """Median ms of one step of the decoding loop with R rows: `verify` of a tree of R - 1 random draft nodes
     (branches of 4 from the root, like a small Cacheback tree) after a cached prefix, and `commit` of nothing
-    (the cache is rolled back after each step anyway). Same columns as `forward_cost`."""
+    (the cache is rolled back before each step anyway). Same columns as `forward_cost`."""
     from ..draft_tree import ROOT, DraftTree
     from ..verify import Proposal, commit, forward_spec, verify
 

@@ -1,4 +1,4 @@
-"""CARD's drafters: who grows the tree (mechanisms/card_tree.py) while the target verifies, behind one interface.
+"""CARD's drafters: who grows the tree (card/tree.py) while the target verifies, behind one interface.
 
 CARD paper (Zhou et al., "A Cache-Assisted Parallel Speculative Decoding Framework via Query-and-Correct
 Paradigm") §3: the drafter runs beside the target and never waits for it. Three drafters, one interface, so
@@ -11,17 +11,14 @@ methods/card.py holds the query-and-correct rule once:
     drafter.layers, drafter.draft_busy, drafter.discarded    # for the stats and the timeline
 
 `ready(tree, since) -> bool` is the target's readiness rule (None: any tree of the current correction).
-
-- `SyncDrafter`: in the caller's thread, deterministic: `query` grows layers until the tree is ready, and after
-  the query (grow_after) grows `ratio` more, where they would run concurrently with the target's verify, so that
-  the correction sees them (a chain descends to a leaf: with the layers drafted before the query only, a fully
-  accepted chain's bonus could never be a hit);
-- `ThreadDrafter`: a worker thread ("card-drafter") grows layers continuously (up to `draft_depth` ahead of the
-  root) under a threading.Condition; only the worker runs draft forwards and touches the draft's KV: `correct`
+- `SyncDrafter`: in the caller's thread, deterministic: `query` grows layers until the tree is ready, then
+  (grow_after) `ratio` more, where they would run during the target's verify, so the correction sees them
+  (without them a fully accepted chain's bonus could never be a hit);
+- `ThreadDrafter`: a worker thread ("card-drafter") grows layers continuously, up to `draft_depth` ahead of the
+  root, under a threading.Condition; only the worker runs draft forwards and touches the draft's KV: `correct`
   hands it the correction (an epoch bump), and a forward that raced a correction is rolled back. A CUDA draft
-  issues its kernels on a stream of its own and synchronises it after each forward (a layer is complete before
-  it can be queried);
-- `DrafterProcess` (mechanisms/card_process.py): a forked child process, on the CPU.
+  runs on a stream of its own, synchronised after each forward (a layer is complete before it is queried);
+- `DrafterProcess` (card/process.py): a forked child process, on the CPU.
 
 Simplifications: one drafter per generate call; a thread drafter's failure is re-raised once (next query,
 correction or close); `since` counts the layers applied in sync and thread mode (a beam restarted from its

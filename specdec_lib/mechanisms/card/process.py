@@ -2,33 +2,27 @@
 on two GPUs exchanging tensors over NCCL). Here: two processes on one CPU, each with its own intra-op thread.
 
 Why a process and not a thread: on small models a forward is mostly Python and dispatcher work done holding the
-GIL, so on a CPU a drafter thread slows the target's verify down markedly and a drafter process barely (the
-shipped pair, one intra-op thread each; notebook 07 measures the target's step time in each mode).
+GIL, so a drafter thread slows the target's verify down and a drafter process barely does (notebook 07 measures
+the target's step time in each mode).
 
     parent (the target, `DrafterProcess`)            child (`_drafter_main`, owns the draft's CardTree and KV)
     wait(ready) <- ("tree", epoch, layers, ...)      loop: a command waiting? apply it; else grow one layer and
     correct(committed) -> ("correct", epoch, ids)          publish the tree (its shape + the forward's interval)
     close() -> ("stop",) ... <- ("done", ...)        idle at draft_depth until a command comes
 
-- The tree's shape (tokens, parents, depths, scores: a few hundred numbers) goes through a pipe after every
-  change. The draft's logits, needed only to draw sampled chains, go through one shared-memory buffer
-  (rows, V): row 0 the root's, row 1 + i node i's. The child writes a row once, when the node is fed, and
-  rewrites the buffer only when it applies a correction; the parent reads rows only between a tree of the
-  current epoch arriving and its next correction, so no row it reads is being written.
-- `epoch` counts corrections: the parent queries only a tree of its own epoch. Greedy runs do not wait for
-  the child to apply a correction: on a hit the parent prunes its own copy the way the child will
-  (`ScoredTree.reindexed`) and may query that at once; the child's tree of the new epoch replaces it when it
-  arrives (with the layers drafted since). Sampled runs wait, since their logits rows are re-indexed by the
-  child. Hit or miss is what the parent's copy says (the child may have one layer more).
-- Errors: an exception in the child is sent back (its traceback) and raised by the parent's next call; a child
-  that died without a word is detected by the parent. The child ignores SIGINT (Ctrl-C in Jupyter): the parent
-  handles it and its `close()` stops the child, then terminates it if it does not stop.
+- The tree's shape (tokens, parents, depths, scores) goes through a pipe after every change; the draft's logits,
+  needed only to draw sampled chains, through one shared-memory buffer (rows, V): row 0 the root's, row 1 + i
+  node i's, written when the node is fed and rewritten only at a correction; the parent reads rows only between a
+  tree of the current epoch arriving and its next correction, so no row it reads is being written.
+- `epoch` counts corrections: the parent queries only a tree of its own epoch. Greedy runs do not wait for the
+  child: on a hit the parent prunes its own copy as the child will (`ScoredTree.reindexed`) and queries it at
+  once, until the child's tree of the new epoch arrives; sampled runs wait (the child re-indexes the logits).
+- Errors: the child's exception (its traceback) is raised by the parent's next call; a child that died silently
+  is detected. The child ignores SIGINT: the parent handles it, and its `close()` stops, then terminates, the child.
 
-Simplifications: `fork` start method (Linux; the draft model is inherited, not copied or pickled), a CPU draft
-only (CUDA cannot be used in a forked child; beside a GPU target, card's `draft_device="cpu"` hands this class a
-CPU copy of the draft, and the child never touches CUDA, as a DataLoader worker forked from a CUDA process),
-a fresh process per generate call (a fork paid once per call, not per step), busy intervals from
-`time.perf_counter` (CLOCK_MONOTONIC on Linux: one clock for both processes).
+Simplifications: `fork` start method (Linux; the draft model is inherited, not pickled); a CPU draft only (CUDA
+cannot be used in a forked child; beside a GPU target, card's `draft_device="cpu"` hands this class a CPU copy);
+a fresh process per generate call; busy intervals from `time.perf_counter` (one clock for both processes).
 """
 from __future__ import annotations
 
@@ -85,8 +79,8 @@ def _publish(conn, tree: CardTree, epoch: int, buffer, written: int, busy=None) 
 def _drafter_main(conn, draft, width, committed, draft_depth, buffer, parent_pid) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     # One intra-op thread, always: OpenMP (libgomp) is not fork-safe, and once the parent has run a parallel region
-    # (a float32 copy of a bf16 draft will do) a child's first multi-threaded op deadlocks. An H200 lease hung here
-    # with the parent's 16 threads; reproduced on a 2-core CPU. DataLoader workers take one thread for this reason.
+    # (a float32 copy of a bf16 draft will do) a child's first multi-threaded op deadlocks (seen beside a GPU target,
+    # reproduced on a small CPU). DataLoader workers take one thread for this reason.
     torch.set_num_threads(1)
     try:
         with torch.inference_mode():
@@ -127,7 +121,7 @@ def buffer_rows(width: int, draft_depth: int) -> int:
 
 
 class DrafterProcess:
-    """The parent's handle on the drafter process, with card_drafter's interface: `query(ready, grow_after)`,
+    """The parent's handle on the drafter process, with card/drafter.py's interface: `query(ready, grow_after)`,
     `correct(committed)`, `close()`, `layers`, `draft_busy`. The child runs one intra-op thread (`_drafter_main`);
     parent_threads: the parent's while the child runs (None: left as they are)."""
 

@@ -3,34 +3,26 @@
 CARD paper (Zhou et al., "A Cache-Assisted Parallel Speculative Decoding Framework via Query-and-Correct
 Paradigm") §2.2 (cache construction), §2.3 (the drafter's tree mask) and §2.4 (cache correction).
 
+The tree is a DraftTree (root = committed[-1]): `ScoredTree` adds what the target reads (scores, logits, query,
+match), `CardTree` the draft model, its KV and the layer machinery.
 - primary cache C(l): the K frontier nodes of layer l. One layer = ONE draft forward of the frontier over the
-  drafter's own KV (committed text + every fed node) with tree attention: a row sees the committed text, its
-  ancestors and itself (masks.prefix | masks.visible over masks.ancestor_matrix), at position root + depth.
-  Then every fed frontier node i offers its top-K children, scored w = cumulative log-probability (eq. 3-4 in
-  log space), all K x K of them form the secondary cache B(l) (`level2`: token, score, parent), and the global
-  top-K become the next frontier (eq. 6-9). The first layer after a reset feeds the committed tokens the
-  drafter lacks (the root last; causal, no mask) and expands the root.
+  drafter's own KV with tree attention (a row sees the committed text, its ancestors and itself, at position
+  root + depth). Each fed node offers its top-K children scored by cumulative log-probability (eq. 3-4 in log
+  space); these K x K form the secondary cache B(l) (`level2`) and the global top-K become the next frontier
+  (eq. 6-9). The first layer after a reset feeds the committed tokens the drafter lacks and expands the root.
 - `query`: ONE chain for the target (`query_tree`: its best nodes instead, an extension; card's `tree=`).
-  Greedy: descend from the root to the child with the best cumulative score until a leaf (lossless whatever the
-  chain: the loop's tree walk accepts only the target's own argmax).
-  Sampling: the chain is DRAWN from q, token by token: x_1 ~ q(root), x_{i+1} ~ q(node of x_i), q = the draft's
-  warped probabilities (sampling.probs) from the logits the tree cached for that node; the chain stops after a
-  drawn token whose node is not in the tree or not fed yet (no logits: no draft forward at query time, the
-  drafter's KV is the drafter's alone). Every chain token is a draw from exactly the q handed to the loop, and
-  the stopping rule depends on the drafts only, so the speculative-sampling rule keeps the output exactly p.
-- `correct(committed)`: walk the new committed tokens down the tree. Hit (every new token, the target's own
-  last token included, is a path in the tree): the node of the last token becomes the root and only its
-  subtree is kept; the drafter's KV keeps the committed text, the path and the fed subtree
-  (kv_cache.compact: each key was rotated at its final position). Miss: keep the KV of the matched fed path
-  only and restart from the correct token (the next layer feeds it).
-
-The tree is a DraftTree (draft_tree.py: tokens, parents, depths, children, the root = committed[-1]): `ScoredTree`
-adds what the target reads of CARD's tree (scores, logits, query, match), `CardTree` the draft model, its KV and
-the layer machinery.
+  Greedy: descend to the child with the best cumulative score until a leaf (lossless whatever the chain: the
+  loop's walk accepts only the target's argmax). Sampling: the chain is DRAWN from q token by token, q = the
+  draft's warped probabilities from the logits cached at each node; it stops at a drawn token whose node is
+  missing or not fed. Every token is a draw from exactly the q handed to the loop and the stopping rule depends
+  on the drafts only, so speculative sampling keeps the output exactly p.
+- `correct(committed)`: walk the new committed tokens down the tree. Hit (they, the target's last token
+  included, are a path in the tree): that node becomes the root, only its subtree and its KV are kept
+  (kv_cache.compact). Miss: keep the KV of the matched fed path only and restart from the correct token.
 
 Simplifications: scores are the draft's raw (unwarped) log-probabilities; a node's KV stays in the cache once
-fed (node i sits at offset i after the committed text: nodes are fed in index order); a pruned tree whose
-frontier is gone restarts the beam from its fed leaves; batch size 1; full-attention draft caches only.
+fed (node i at offset i after the committed text); a pruned tree whose frontier is gone restarts the beam from
+its fed leaves; batch size 1; full-attention draft caches only.
 """
 from __future__ import annotations
 
@@ -46,7 +38,7 @@ class ScoredTree(DraftTree):
     """What the target reads of the drafter's tree: a DraftTree (root = committed[-1]; node i has tokens[i],
     parents[i], depths[i]) whose node i also has scores[i] (cumulative log-probability) and, once fed, logits[i]
     (the draft's next-token logits after it, (V,)); root_logits (None until the root is fed) and committed.
-    `CardTree` builds one; a process drafter's published copy (mechanisms/card_process.py) is another."""
+    `CardTree` builds one; a process drafter's published copy (card/process.py) is another."""
 
     scores: list[float]
     committed: list[int]

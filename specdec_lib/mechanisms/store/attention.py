@@ -1,4 +1,4 @@
-"""The attention of FAFO's KV store (flex_layout.py), one small object per mode: HOW one forward's rows read it.
+"""The attention of FAFO's KV store (layout.py), one small object per mode: HOW one forward's rows read it.
 
 FAFO paper §4.4 and Appendix E: one forward mixes rows that see the compressed KV C(kv) only (the fixed region,
 slots < compressed) with rows that see every committed entry (slots < base), and each row sees the forward's own
@@ -69,8 +69,8 @@ class Flex:
     def padded_rows(self, rows: int) -> int:
         """The query rows the kernel runs for a forward of `rows`: compiled flex builds one kernel per query
         length (dynamic=False), and a decode under "auto" budgets meets a new row count at almost every step
-        (an H200 spent minutes compiling FAFO's forwards), so compiled runs pad to a few sizes: 16, 32, 64, 128,
-        then multiples of 128. The padded rows see nothing of the forward and are sliced off."""
+        (each new length compiles again, which costs far more than a forward), so compiled runs pad to a few
+        sizes: 16, 32, 64, 128, then multiples of 128. The padded rows see nothing of the forward and are sliced off."""
         if not self.compiled:
             return rows
         if rows > 128:

@@ -1,7 +1,7 @@
 """KV compression functions C: which cached entries the compressed ("fumble") rows of a forward may see.
 
 FAFO paper §4.1-4.2 (a compression function C over the KV cache, "LM-Infinite/StreamingLLM ... Quest ... and
-more") and §5 ("FAFO-Stream", "FAFO-Quest"). The store of `flex_layout` asks C, between steps, which of its
+more") and §5 ("FAFO-Stream", "FAFO-Quest"). The store (`layout.FlexLayoutStore`) asks C, between steps, which of its
 committed entries to keep in the fixed region; C answers with a boolean per entry.
 
 One small interface, so a third C (e.g. SnapKV-style: score entries by the attention an observation window

@@ -1,4 +1,4 @@
-"""The glue of FAFO's KV store (flex_layout.py) to FlexAttention and to transformers; the attention modes
+"""The glue of FAFO's KV store (layout.py) to FlexAttention and to transformers; the attention modes
 themselves (flex, dense, split, causal) are in attention.py.
 
 - `block_mask_from_tables`: a BlockMask built from block tables (`BlockMask.from_kv_blocks`), never from a grid;

@@ -1,36 +1,24 @@
 """FAFO's KV layout: the compressed KV kept physically contiguous, read through ONE static FlexAttention BlockMask.
 
 FAFO paper §4.4 ("Physically Contiguous, Logically Sparse": KV layout = [C(kv) || R(kv)], a static block mask
-that loads only the first B_fixed blocks), Appendix H (between steps, swap newly selected entries into the
-fixed blocks and expired ones out to the tail) and Appendix E (one forward mixes rows that see C(kv) only with
-rows that see the full KV).
-
-`FlexLayoutStore` is a transformers `Cache` for the target: per layer one preallocated key/value buffer of
-`capacity` slots (a multiple of `block`, 128 by default), and `slot_pos`, the logical position of every slot.
-Keys are stored rotated at their logical positions, so moving an entry between slots is a plain copy. Slots:
+that loads only the first B_fixed blocks), Appendix H (between steps, swap newly selected entries into the fixed
+blocks and expired ones out to the tail) and Appendix E (one forward mixes rows that see C(kv) only with rows that
+see the full KV). `FlexLayoutStore` is a transformers `Cache` for the target: per layer one preallocated key/value
+buffer of `capacity` slots (a multiple of `block`, 128 by default), and `slot_pos`, the logical position of every
+slot. Keys are stored rotated at their logical positions, so moving an entry between slots is a plain copy. Slots:
 
     [0, compressed)            C's selection (the "fixed region": at most B_fixed = ceil(kv_budget / block) blocks)
     [compressed, length)       every other committed entry (the tail: logically kept, physically skipped)
     [base, base + R)           the rows of the forward in flight (base = length when `prepare` was called)
 
-One forward: `mask = store.prepare(positions, sees, compressed_rows)`, then
-`compat.forward(model, input_ids=ids, position_ids=..., cache=store, attention_mask=mask)`. `sees` (R, R) says
-which rows of the forward each row sees (causal for a prompt, ancestors for a tree, a stream for fumble rows); a
-row flagged in `compressed_rows` sees the committed entries in the fixed region only, the others see every
-committed entry.
-The mask_mod is composed from the pure pieces below; the BlockMask is built ONCE per row count R
-(`BlockMask.from_kv_blocks`, no `create_block_mask`): each step writes a few block counts and indices in place
-and the tensors the mask_mod reads (base, compressed), so compiled flex never recompiles. A query block whose
-rows are all compressed loads the fixed blocks and the block(s) of the forward's own rows; any other loads every
-valid block. The store keeps the layout only: its `attention_mode` (attention.py: flex, dense, split) computes a
-forward's attention from it.
-
-Between steps (`compress`, run by the next `prepare`): C picks the entries to keep; those outside the fixed
-region swap places with unselected ones inside it (one batched index copy for all layers, no loop over tokens).
-With StreamingLLM in steady state that is one swap per step: the new token in, the expired one out.
-
-Simplifications: batch size 1; one layout for every layer and head (C selects once per step); rollback only of
-the rows of the last forward (what the decoding loop needs: committed entries are not in logical order).
+One forward: `mask = store.prepare(positions, sees, compressed_rows)`, then `compat.forward(model, ...,
+cache=store, attention_mask=mask)`; `sees` (R, R) says which rows of the forward each row sees, and a row in
+`compressed_rows` sees the fixed region only. The BlockMask is built ONCE per row count R, each step writing a
+few block counts and indices in place, so compiled flex never recompiles; the store's `attention_mode`
+(attention.py) computes the attention from the layout. Between steps (`compress`, run by the next `prepare`): C
+picks the entries to keep; those outside the fixed region swap places with unselected ones inside it (one
+batched index copy for all layers). Simplifications: batch size 1; one layout for every layer and head; rollback
+only of the rows of the last forward (what the loop needs: committed entries are not in logical order).
 """
 from __future__ import annotations
 
