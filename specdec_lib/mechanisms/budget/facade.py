@@ -173,10 +173,12 @@ class Budget:
     def record(self, verdict) -> None:
         """Learn from a verified step (nothing when fixed), and correct a measured curve by the loop's timing."""
         self.chooser.learn(verdict)
+        if not self.chooser.learns_costs:
+            return
         proposal, ms = verdict.proposal, verdict.verify_ms  # ms: the loop's timing of this step (None: the prefill)
         # a measured curve is corrected by the steps (an injected one is taken as given), where the step's rows
         # are the tree's (side rows, Lookahead's window or FAFO's fumble rows, are priced by the curve alone)
-        if ms is not None and self.costs.get("costs") is None and proposal.side is None and self.chooser.learns_costs:
+        if ms is not None and self.costs.get("costs") is None and proposal.side is None:
             self.chooser.record_ms(len(proposal.tree) + 1, ms)
 
     def stats(self) -> dict:
