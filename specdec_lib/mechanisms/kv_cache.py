@@ -3,8 +3,9 @@ calls, are spelled in `compat`).
 
 - `GrowableKV`: one layer's keys and values in preallocated buffers that double when full (write at a slot, read
   a prefix, crop); `ContiguousLayer` (a DynamicLayer) and EAGLE's `HeadKV` keep their entries in one.
-- `new_cache(model, capacity)`: an empty DynamicCache for a model; with a capacity its layers append in place
-  into preallocated buffers (the loop's target cache: no copy of the whole cache per forward).
+- `new_cache(model, capacity)`: an empty DynamicCache for a model, every layer a full one (a sliding-window
+  layer's too: the masks enforce its window, so rollback and compaction work on every layer); with a capacity its
+  layers append in place into preallocated buffers (the loop's target cache: no copy of the whole cache per forward).
 - `cache_length(cache)`: tokens the cache holds.
 - `rollback(cache, length)`: keep the first `length` tokens. transformers changed `DynamicCache.crop` at
   5.15 (before, `crop(n)` kept n tokens; from 5.15, `crop(-n)` removes n tokens): `compat.crop` spells it.
@@ -13,7 +14,8 @@ calls, are spelled in `compat`).
 - `TrackedCache`: a draft model's cache with the token ids it holds (the draft side of draft-model SD, whose
   rollback follows the four scenarios of the DynamicCache blog; the target's cache is the loop's).
 
-Simplifications: full-attention caches only (no sliding-window layers), batch size 1.
+Simplifications: full-attention layers only (a sliding window is the mask's; no recurrent or shared-KV layers),
+batch size 1.
 """
 from __future__ import annotations
 
@@ -27,14 +29,21 @@ GROWING = 1024  # first capacity of a cache whose final length is not known up f
 
 
 def new_cache(model, capacity: int | None = None):
-    """An empty DynamicCache for `model`; with `capacity`, its layers append in place into preallocated buffers
-    (`ContiguousLayer`): no copy of the whole cache per forward."""
-    cache = compat.new_dynamic_cache(model.config)
+    """An empty DynamicCache for `model` whose layers all keep every position; with `capacity`, they append in place
+    into preallocated buffers (`ContiguousLayer`): no copy of the whole cache per forward.
+
+    A sliding-window layer becomes a full one too: transformers' DynamicSlidingWindowLayer drops the positions
+    that left its window, so a rejected draft could not be rolled back or compacted out of it. Every mask then
+    hides what the window hides: ours (verify.build_forward, masks.render_layers), and transformers' own for a
+    causal forward (its sliding mask is sized by each layer's `get_mask_sizes`, here the full length). Layers of
+    other kinds (recurrent, chunked, KV-shared: compat.attention_layers' `other`) are left as transformers makes
+    them, and `compact` refuses them."""
     if capacity is not None:
         check_int("capacity", capacity, 1)
-        if compat.has_sliding_layers(cache):
-            return cache  # sliding-window layers keep their own rolling buffers
-        cache.layers = [ContiguousLayer(capacity) for _ in cache.layers]
+    cache = compat.new_dynamic_cache(model.config)
+    if compat.attention_layers(model.config).other:
+        return cache
+    cache.layers = [compat.DynamicLayer() if capacity is None else ContiguousLayer(capacity) for _ in cache.layers]
     return cache
 
 
