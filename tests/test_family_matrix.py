@@ -7,7 +7,8 @@ generation decodes across the window's edge many times. Each family has a target
 Every method of the one loop must give HF greedy's tokens (transformers' own sliding-window cache) token for
 token, or refuse at `generate` with an error naming the family, the method and what to use instead (`REFUSED`).
 A model whose cache has other stateful layers (LFM2's convolutions) is refused by every loop method.
-Controls: the window changes HF's tokens on these models, and our masks without it lose; one sampling check.
+Controls: the window changes HF's tokens on these models, our masks without it lose, and full-width sliding layers
+(the masks alone) stay lossless; one sampling check.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 
 from specdec_lib import METHODS, generate
 from specdec_lib.bench.lossless import lossless_check
-from specdec_lib.mechanisms import masks
+from specdec_lib.mechanisms import kv_cache, masks
 
 from helpers import repeating_prompt, with_head
 
@@ -113,11 +114,19 @@ def test_every_family_lossless_or_refused(pairs, case):
 
 def test_the_window_matters_and_our_masks_carry_it(pairs, monkeypatch):
     """Controls: with a window as wide as the text HF's own tokens change on every sliding family (the tests above
-    are not vacuous), and a tree method whose masks leave the window out loses on at least one family."""
+    are not vacuous); with the target's sliding layers full (no kv_cache.WindowedLayer: every key read, the window
+    the masks' alone, as for a backend other than sdpa/eager) the tree methods stay lossless; and a tree method
+    whose masks leave the window out loses on at least one family."""
     for family in SLIDING:
         target, _, ids = pairs[family]
         wide = family_lm(family, 3, seed=1, window=256)
         assert generate("hf", wide, ids, NEW).new_tokens != generate("hf", target, ids, NEW).new_tokens, family
+    new_cache = kv_cache.new_cache
+    monkeypatch.setattr(kv_cache, "new_cache", lambda model, capacity=None, windowed=False: new_cache(model, capacity))
+    for family in SLIDING:
+        for method in ("cacheback", "lookahead"):
+            tokens = run_case(method, family, *pairs[family]).new_tokens
+            assert tokens == generate("hf", pairs[family][0], pairs[family][2], NEW).new_tokens, (family, method)
     monkeypatch.setattr(masks, "window", lambda *args, **kwargs: lambda b, h, q_idx, kv_idx: torch.as_tensor(True))
     lost = [family for family in SLIDING for method in ("cacheback", "lookahead")
             if run_case(method, family, *pairs[family]).new_tokens

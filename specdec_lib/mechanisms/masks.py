@@ -198,16 +198,20 @@ def render(mask_mod: MaskMod, q_len: int, kv_len: int, backend: str = "sdpa", dt
 
 
 def render_layers(mask_mod: MaskMod, q_len: int, kv_len: int, layers=None, window_mod: MaskMod | None = None,
-                  backend: str = "sdpa", dtype=torch.float32, device=None):
+                  backend: str = "sdpa", dtype=torch.float32, device=None, first_key: int = 0):
     """The attention_mask for a model whose layers are `layers` (compat.AttentionLayers; None: full attention):
     `render(mask_mod)` where no layer slides; where some do, the sliding layers' mask is mask_mod AND `window_mod`
     (a `window` piece): one mask when every layer slides, else {"full_attention": .., "sliding_attention": ..}
-    (a decoder that lists its layer types picks each layer's by its kind)."""
+    (a decoder that lists its layer types picks each layer's by its kind). `first_key`: the sliding layers read
+    keys first_key..kv_len only (kv_cache.WindowedLayer), so their mask has kv_len - first_key columns."""
     if layers is None or not layers.sliding:
         return render(mask_mod, q_len, kv_len, backend, dtype, device)
     if window_mod is None:
         raise ValueError("a model with sliding-window layers needs the window's mask piece (masks.window)")
-    sliding = render(and_masks(mask_mod, window_mod), q_len, kv_len, backend, dtype, device)
+    inner = and_masks(mask_mod, window_mod)
+    shifted = inner if not first_key else lambda b, h, q_idx, kv_idx: inner(b, h, q_idx, torch.as_tensor(kv_idx)
+                                                                              + first_key)
+    sliding = render(shifted, q_len, kv_len - first_key, backend, dtype, device)
     if not layers.by_type:
         return sliding
     return {compat.FULL: render(mask_mod, q_len, kv_len, backend, dtype, device), compat.SLIDING: sliding}

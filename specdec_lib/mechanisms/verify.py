@@ -208,8 +208,9 @@ def build_forward(proposal: Proposal, pending: list[int], cached: int, backend: 
                                                causal=not (n or s))
     else:
         window = masks.window(positions, layers.window, cached) if layers is not None and layers.sliding else None
+        first = kv_cache.window_start(cache) if window is not None and cache is not None else 0  # WindowedLayers
         inputs["attention_mask"] = masks.render_layers(mask_mod, rows, cached + rows, layers, window, backend, dtype,
-                                                       device)
+                                                       device, first)
     return inputs, 1 + n + s
 
 
