@@ -15,7 +15,7 @@ call these, never the moving names:
 - **Caches of our own**: `transformers.cache_utils`' Cache, CacheLayerMixin and DynamicLayer are internal
   classes, named only here: kv_cache's `ContiguousLayer` subclasses `DynamicLayer`; FAFO's store
   (store/layout.py) subclasses `BufferCache`, whose layers are views of the subclass's buffers;
-  `new_dynamic_cache`, `has_sliding_layers` and `has_counting_layers` build and inspect caches, and
+  `new_dynamic_cache` and `has_counting_layers` build and inspect caches, and
   `attention_layers(config)` reads each layer's attention kind (full, sliding-window, other) and the window.
 - **Attention kernels at decode time**: `decode_attention(device)` keeps CUDA decodes off cuDNN's SDPA.
 - **Private torch ops**: `flash_attention_for_cpu()` (fused CPU attention with its log-sum-exp, for
@@ -146,11 +146,6 @@ def new_dynamic_cache(config):
     from transformers import DynamicCache
 
     return DynamicCache(config=config)
-
-
-def has_sliding_layers(cache) -> bool:
-    """Whether a cache holds sliding-window layers (`is_sliding`: they keep rolling buffers of their own)."""
-    return any(getattr(layer, "is_sliding", False) for layer in cache.layers)
 
 
 def has_counting_layers(cache) -> bool:

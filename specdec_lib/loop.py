@@ -35,7 +35,7 @@ from . import compat
 from .decoding import GenerationResult, Method, METHODS, Request
 from .mechanisms import kv_cache
 from .mechanisms.draft_tree import DraftTree
-from .mechanisms.verify import Proposal, SideRows, Verdict, attention_backend, commit, forward_spec, verify
+from .mechanisms.verify import Proposal, SideRows, Verdict, commit, forward_spec, verify
 
 __all__ = ["LoopState", "Proposal", "Proposer", "SideRows", "Verdict", "decode", "register_proposer",
            "STEP_KEYS", "STATS_KEYS"]
@@ -78,8 +78,7 @@ class Proposer:
         store.layout.FlexLayoutStore, whose compressed KV its side rows read)."""
         req = state.request  # room for every token and a step's rows (a larger step grows it); sliding-window
         # layers keep every position but read their window only (it holds the committed text between steps)
-        windowed = attention_backend(req.target) in ("sdpa", "eager")  # masks sliced per layer kind: dense ones
-        return kv_cache.new_cache(req.target, capacity=req.prompt_length + req.max_new_tokens + 64, windowed=windowed)
+        return kv_cache.new_cache(req.target, capacity=req.prompt_length + req.max_new_tokens + 64, windowed=True)
 
     def finish(self, state: LoopState) -> None:
         """Once, after the last step, also when a step raised (undo what start/target_cache changed, stop what

@@ -40,13 +40,15 @@ def new_cache(model, capacity: int | None = None, windowed: bool = False):
     other kinds (recurrent, chunked, KV-shared: compat.attention_layers' `other`) are left as transformers makes
     them, and `compact` refuses them. `windowed` (with a capacity): the sliding layers are `WindowedLayer`s,
     which hand attention only the keys a window reaches (for a cache that holds committed text only between
-    forwards: the loop's target cache)."""
+    forwards: the loop's target cache), where the model's attention takes dense masks (sdpa, eager: ours are
+    sliced to the window there, verify.build_forward)."""
     if capacity is not None:
         check_int("capacity", capacity, 1)
     cache = compat.new_dynamic_cache(model.config)
     layers = compat.attention_layers(model.config)
     if layers.other:
         return cache
+    windowed = windowed and (getattr(model.config, "_attn_implementation", None) or "sdpa") in ("sdpa", "eager")
     if capacity is None:
         cache.layers = [compat.DynamicLayer() for _ in cache.layers]
     else:
