@@ -8,16 +8,17 @@ Every method of the one loop must give HF greedy's tokens (transformers' own sli
 token, or refuse at `generate` with an error naming the family, the method and what to use instead (`REFUSED`).
 A model whose cache has other stateful layers (LFM2's convolutions) is refused by every loop method.
 Controls: the window changes HF's tokens on these models, our masks without it lose, and full-width sliding layers
-(the masks alone) stay lossless; one sampling check.
+(the masks alone) stay lossless; one sampling check; kv_cache.WindowedLayer by hand.
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
-from specdec_lib import METHODS, generate
+from specdec_lib import METHODS, compat, generate
 from specdec_lib.bench.lossless import lossless_check
-from specdec_lib.mechanisms import kv_cache, masks
+from specdec_lib.mechanisms import kv_cache, masks, verify
+from specdec_lib.mechanisms.draft_tree import ROOT, DraftTree
 
 from helpers import repeating_prompt, with_head
 
@@ -160,3 +161,23 @@ def test_sampling_matches_the_target_distribution_on_a_sliding_window_model():
     report = lossless_check("draft_model", target, ids, length=3, n_samples=1500, draft=draft, temperature=0.7,
                             gamma=3)
     assert report.passed, str(report)
+
+
+def test_a_windowed_layer_keeps_every_position_and_reads_its_window():
+    """kv_cache.WindowedLayer (the target's sliding layers): transformers' sliding-layer mask sizes, and every
+    position kept: a tree forward past the window's edge, committed to its second branch, leaves the logits a
+    fresh forward of the committed text gives."""
+    model = family_lm("mistral", 2)
+    ids = repeating_prompt(24, 3, VOCAB)[0].tolist()
+    cache = kv_cache.new_cache(model, capacity=64, windowed=True)
+    assert all(isinstance(layer, kv_cache.WindowedLayer) for layer in cache.layers)
+    with torch.inference_mode():
+        compat.forward(model, input_ids=torch.tensor([ids[:19]]), cache=cache, use_cache=True)
+        assert cache.layers[0].get_mask_sizes(1) == (WINDOW, 19 - WINDOW + 1)
+        tree = DraftTree(ids[19], [5, 6, ids[20], ids[21]], [ROOT, 0, ROOT, 2])  # the second branch is the text's
+        verify.tree_logits(model, cache, tree, 19)
+        verify.commit(cache, 19, [2, 3])
+        assert kv_cache.cache_length(cache) == 22 and kv_cache.window_start(cache) == 22 - WINDOW + 1
+        ours = compat.forward(model, input_ids=torch.tensor([[ids[22]]]), cache=cache, use_cache=True).logits[0, -1]
+        fresh = model(input_ids=torch.tensor([ids[:23]])).logits[0, -1]
+    assert torch.allclose(ours, fresh, atol=1e-9)
