@@ -15,8 +15,8 @@ calls, are spelled in `compat`).
 - `TrackedCache`: a draft model's cache with the token ids it holds (the draft side of draft-model SD, whose
   rollback follows the four scenarios of the DynamicCache blog; the target's cache is the loop's).
 
-Simplifications: full-attention layers only (a sliding window is the mask's; no recurrent or shared-KV layers),
-batch size 1.
+Simplifications: full-attention layers only (a sliding window is the masks' and WindowedLayer's view of a full
+layer; no recurrent or shared-KV layers), batch size 1.
 """
 from __future__ import annotations
 
@@ -162,7 +162,7 @@ class WindowedLayer(ContiguousLayer):
         return max(0, (self.get_seq_length() if length is None else length) - self.window + 1)
 
     def update(self, key_states, value_states, *args, **kwargs):
-        start = self.window_start(self.get_seq_length())
+        start = self.window_start()  # before the rows are written
         keys, values = super().update(key_states, value_states, *args, **kwargs)
         return keys[:, :, start:], values[:, :, start:]  # (B, kv_heads, length + R - start, D) views
 
