@@ -15,19 +15,20 @@ call these, never the moving names:
 - **Caches of our own**: `transformers.cache_utils`' Cache, CacheLayerMixin and DynamicLayer are internal
   classes, named only here: kv_cache's `ContiguousLayer` subclasses `DynamicLayer`; FAFO's store
   (store/layout.py) subclasses `BufferCache`, whose layers are views of the subclass's buffers;
-  `new_dynamic_cache`, `has_sliding_layers` and `has_counting_layers` build and inspect caches.
+  `new_dynamic_cache` and `has_counting_layers` build and inspect caches, and
+  `attention_layers(config)` reads each layer's attention kind (full, sliding-window, other) and the window.
 - **Attention kernels at decode time**: `decode_attention(device)` keeps CUDA decodes off cuDNN's SDPA.
 - **Private torch ops**: `flash_attention_for_cpu()` (fused CPU attention with its log-sum-exp, for
   store/attention.py) and `packed_linear_ops()` (oneDNN's prepacked linear, for models/prepack.py), each None
   where this torch lacks it (or, for the linear, disagrees with `F.linear` on a probe).
 
-Simplifications: batch size 1 for `query_rows`; `crop` serves full-attention (DynamicLayer) caches; a
-`BufferCache` serves full-attention layers only.
+Simplifications: batch size 1 for `query_rows`; `crop` and a `BufferCache` serve full-attention layers only.
 """
 from __future__ import annotations
 
 import inspect
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
@@ -147,15 +148,53 @@ def new_dynamic_cache(config):
     return DynamicCache(config=config)
 
 
-def has_sliding_layers(cache) -> bool:
-    """Whether a cache holds sliding-window layers (`is_sliding`: they keep rolling buffers of their own)."""
-    return any(getattr(layer, "is_sliding", False) for layer in cache.layers)
-
-
 def has_counting_layers(cache) -> bool:
     """Whether a cache holds layers that count their tokens beside their keys (`cumulative_length`: sliding-window,
     static and quantized layers), a count that writing keys/values directly would leave wrong."""
     return any(hasattr(layer, "cumulative_length") for layer in cache.layers)
+
+
+FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' names of the two attention kinds
+
+
+@dataclass(frozen=True)
+class AttentionLayers:
+    """What a model's decoder layers attend to: `types`, one kind per layer ("full_attention", "sliding_attention",
+    or another kind of transformers': chunked, linear, conv, KV-shared "dummy", ...); `window`, how many positions a
+    sliding layer's row sees (itself included: key position > row position - window, as transformers masks it);
+    `by_type`: the decoder's forward takes a dict {kind: mask} as attention_mask (its config lists `layer_types`),
+    else one mask for every layer (all layers sliding: Mistral, Phi-3 with a sliding_window)."""
+    types: tuple[str, ...]
+    window: int | None
+    by_type: bool
+
+    @property
+    def sliding(self) -> bool:
+        return SLIDING in self.types
+
+    @property
+    def other(self) -> tuple[str, ...]:
+        """The kinds other than full and sliding-window attention, in order of first appearance."""
+        return tuple(dict.fromkeys(t for t in self.types if t not in (FULL, SLIDING)))
+
+
+def attention_layers(config) -> AttentionLayers:
+    """The attention kind of each decoder layer of a model of `config` (its text decoder's, for a multimodal one),
+    read as transformers' DynamicCache(config=...) reads it: `layer_types` when listed, else a sliding window (or a
+    chunk size) set for every layer."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    listed = getattr(text, "layer_types", None)
+    types = list(listed) if listed is not None else []
+    if not types:
+        window, chunk = getattr(text, "sliding_window", None), getattr(text, "attention_chunk_size", None)
+        kind = SLIDING if window is not None else "chunked_attention" if chunk is not None else FULL
+        types = [kind] * int(text.num_hidden_layers)
+    if getattr(text, "kv_sharing_modes", None) is not None:  # layers reading another layer's KV (Gemma 4)
+        types = ["dummy" if mode == "reuse" else t for t, mode in zip(types, text.kv_sharing_modes)]
+    window = getattr(text, "sliding_window", None) if SLIDING in types else None
+    if SLIDING in types and window is None:
+        raise ValueError(f"{text.model_type} lists sliding-window layers but no sliding_window in its config")
+    return AttentionLayers(tuple(types), None if window is None else int(window), listed is not None)
 
 
 class BufferCache(Cache):

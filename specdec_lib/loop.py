@@ -31,6 +31,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from . import compat
 from .decoding import GenerationResult, Method, METHODS, Request
 from .mechanisms import kv_cache
 from .mechanisms.draft_tree import DraftTree
@@ -62,7 +63,11 @@ class LoopState:
 class Proposer:
     """The empty proposer (plain autoregressive steps); methods override what they need.
 
-    Subclasses take their settings in __init__ (validated there, so bad settings fail before any forward)."""
+    Subclasses take their settings in __init__ (validated there, so bad settings fail before any forward).
+    `no_sliding`: None where the method runs on a target with sliding-window layers (the loop's cache and masks
+    handle them), else why it cannot and what to use instead (`generate` refuses with it)."""
+
+    no_sliding: str | None = None
 
     def start(self, state: LoopState) -> None:
         """Once, before the first step (the prompt is state.committed)."""
@@ -71,8 +76,9 @@ class Proposer:
         """The target's KV cache for this generation, made once after `start` (the loop owns it from then on):
         a DynamicCache appending in place (kv_cache.ContiguousLayer), or a cache with its own layout (FAFO: a
         store.layout.FlexLayoutStore, whose compressed KV its side rows read)."""
-        req = state.request  # room for every token and a step's rows (a larger step grows it)
-        return kv_cache.new_cache(req.target, capacity=req.prompt_length + req.max_new_tokens + 64)
+        req = state.request  # room for every token and a step's rows (a larger step grows it); sliding-window
+        # layers keep every position but read their window only (it holds the committed text between steps)
+        return kv_cache.new_cache(req.target, capacity=req.prompt_length + req.max_new_tokens + 64, windowed=True)
 
     def finish(self, state: LoopState) -> None:
         """Once, after the last step, also when a step raised (undo what start/target_cache changed, stop what
@@ -149,11 +155,31 @@ def _steps(req, proposer, state, target, cache, spec, debug, lazy_head) -> Gener
     return result
 
 
+def check_models(name: str, proposer: Proposer, req: Request) -> None:
+    """Refuse, before any forward, a target (or draft) whose layers the loop cannot serve: kinds other than full and
+    sliding-window attention (recurrent, chunked, KV-shared layers keep state a rejected draft cannot be rolled
+    back from), and sliding-window layers for a proposer that says why not (`Proposer.no_sliding`)."""
+    for role, model in (("target", req.target), ("draft", req.draft)):
+        if model is None:
+            continue
+        layers, family = compat.attention_layers(model.config), getattr(model.config, "model_type", "?")
+        if layers.other:
+            raise ValueError(f"{name!r} cannot decode with a {family} {role}: its {', '.join(layers.other)} layers "
+                             f"keep state that the loop's cache cannot roll back after a rejected draft (it serves "
+                             f"full and sliding-window attention): use 'hf' (transformers' own generate) instead")
+        if role == "target" and layers.sliding and proposer.no_sliding:
+            raise ValueError(f"{name!r} cannot decode with a {family} target (sliding-window layers, window "
+                             f"{layers.window}): {proposer.no_sliding}")
+
+
 def register_proposer(name: str, needs_draft: bool = False):
-    """Class decorator: METHODS[name] runs `decode(request, Cls(**settings), debug, lazy_head)`."""
+    """Class decorator: METHODS[name] runs `decode(request, Cls(**settings), debug, lazy_head)` (after
+    `check_models`)."""
     def wrap(cls):
         def run(req: Request, debug: bool = False, lazy_head: bool = True, **settings) -> GenerationResult:
-            return decode(req, cls(**settings), debug=debug, lazy_head=lazy_head)
+            proposer = cls(**settings)
+            check_models(name, proposer, req)
+            return decode(req, proposer, debug=debug, lazy_head=lazy_head)
 
         doc = (cls.__doc__ or "").strip().splitlines()
         options = tuple(p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs"))

@@ -3,8 +3,10 @@ calls, are spelled in `compat`).
 
 - `GrowableKV`: one layer's keys and values in preallocated buffers that double when full (write at a slot, read
   a prefix, crop); `ContiguousLayer` (a DynamicLayer) and EAGLE's `HeadKV` keep their entries in one.
-- `new_cache(model, capacity)`: an empty DynamicCache for a model; with a capacity its layers append in place
-  into preallocated buffers (the loop's target cache: no copy of the whole cache per forward).
+- `new_cache(model, capacity)`: an empty DynamicCache for a model, every layer a full one (a sliding-window
+  layer's too: the masks enforce its window, so rollback and compaction work on every layer); with a capacity its
+  layers append in place into preallocated buffers (the loop's target cache: no copy of the whole cache per forward).
+- `WindowedLayer`: a sliding-window layer keeping every position that hands attention its window only.
 - `cache_length(cache)`: tokens the cache holds.
 - `rollback(cache, length)`: keep the first `length` tokens. transformers changed `DynamicCache.crop` at
   5.15 (before, `crop(n)` kept n tokens; from 5.15, `crop(-n)` removes n tokens): `compat.crop` spells it.
@@ -13,7 +15,8 @@ calls, are spelled in `compat`).
 - `TrackedCache`: a draft model's cache with the token ids it holds (the draft side of draft-model SD, whose
   rollback follows the four scenarios of the DynamicCache blog; the target's cache is the loop's).
 
-Simplifications: full-attention caches only (no sliding-window layers), batch size 1.
+Simplifications: full-attention layers only (a sliding window is the masks' and WindowedLayer's view of a full
+layer; no recurrent or shared-KV layers), batch size 1.
 """
 from __future__ import annotations
 
@@ -26,15 +29,31 @@ from ..env import check_int
 GROWING = 1024  # first capacity of a cache whose final length is not known up front (a draft's): it doubles
 
 
-def new_cache(model, capacity: int | None = None):
-    """An empty DynamicCache for `model`; with `capacity`, its layers append in place into preallocated buffers
-    (`ContiguousLayer`): no copy of the whole cache per forward."""
-    cache = compat.new_dynamic_cache(model.config)
+def new_cache(model, capacity: int | None = None, windowed: bool = False):
+    """An empty DynamicCache for `model` whose layers all keep every position; with `capacity`, they append in place
+    into preallocated buffers (`ContiguousLayer`): no copy of the whole cache per forward.
+
+    A sliding-window layer becomes a full one too: transformers' DynamicSlidingWindowLayer drops the positions
+    that left its window, so a rejected draft could not be rolled back or compacted out of it. Every mask then
+    hides what the window hides: ours (verify.build_forward, masks.render_layers), and transformers' own for a
+    causal forward (its sliding mask is sized by each layer's `get_mask_sizes`, here the full length). Layers of
+    other kinds (recurrent, chunked, KV-shared: compat.attention_layers' `other`) are left as transformers makes
+    them, and `compact` refuses them. `windowed` (with a capacity): the sliding layers are `WindowedLayer`s,
+    which hand attention only the keys a window reaches (for a cache that holds committed text only between
+    forwards: the loop's target cache), where the model's attention takes dense masks (sdpa, eager: ours are
+    sliced to the window there, verify.build_forward)."""
     if capacity is not None:
         check_int("capacity", capacity, 1)
-        if compat.has_sliding_layers(cache):
-            return cache  # sliding-window layers keep their own rolling buffers
-        cache.layers = [ContiguousLayer(capacity) for _ in cache.layers]
+    cache = compat.new_dynamic_cache(model.config)
+    layers = compat.attention_layers(model.config)
+    if layers.other:
+        return cache
+    windowed = windowed and (getattr(model.config, "_attn_implementation", None) or "sdpa") in ("sdpa", "eager")
+    if capacity is None:
+        cache.layers = [compat.DynamicLayer() for _ in cache.layers]
+    else:
+        cache.layers = [WindowedLayer(capacity, layers.window) if windowed and kind == compat.SLIDING
+                        else ContiguousLayer(capacity) for kind in layers.types]
     return cache
 
 
@@ -123,6 +142,39 @@ class ContiguousLayer(compat.DynamicLayer):
         """False when keys/values are tensors of their own, not views of the GrowableKV's buffers."""
         return self._kv.keys is not None and (self.keys.data_ptr() == self._kv.keys.data_ptr()
                                               and self.values.data_ptr() == self._kv.values.data_ptr())
+
+
+class WindowedLayer(ContiguousLayer):
+    """A sliding-window layer that keeps every position (rollback and compact work as on a full layer) but hands
+    attention only the keys its window reaches, as views: a forward after `length` cached entries reads entries
+    `window_start()`.. = max(0, length - window + 1).., what its first row (at position `length`) can see, and
+    `get_mask_sizes` says so, as transformers' DynamicSlidingWindowLayer does. Right where the cache holds the
+    committed text in order before each forward (the loop's target cache); a draft's tree rows break it."""
+
+    is_sliding = True
+
+    def __init__(self, capacity: int, window: int):
+        super().__init__(capacity)
+        self.window = check_int("window", window, 1)
+
+    def window_start(self, length: int | None = None) -> int:
+        """The first entry a forward after `length` (default: the cached) entries reads."""
+        return max(0, (self.get_seq_length() if length is None else length) - self.window + 1)
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        start = self.window_start()  # before the rows are written
+        keys, values = super().update(key_states, value_states, *args, **kwargs)
+        return keys[:, :, start:], values[:, :, start:]  # (B, kv_heads, length + R - start, D) views
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        start = self.window_start()
+        return self.get_seq_length() + query_length - start, start
+
+
+def window_start(cache) -> int:
+    """The first entry the next forward's sliding-window layers read (0 where none is a WindowedLayer)."""
+    layer = next((layer for layer in cache.layers if isinstance(layer, WindowedLayer)), None)
+    return 0 if layer is None else layer.window_start()
 
 
 def cache_length(cache) -> int:

@@ -11,17 +11,17 @@ and the rows are, in order:
 
 Pieces, each pure (it indexes precomputed tensors, so it works on ints, broadcast index grids and under vmap):
 `causal(cached)`, `prefix(end)`, `tree(parents, root_row, cached)`, `visible(sees, first_row, first_key)`,
-composed by `and_masks` / `or_masks` / `by_rows`. Each states `full_prefix`, how many leading keys EVERY row
-sees (BlockMask's "full blocks" at key granularity); the dense renderer fills those columns without calling the
-mask_mod, so a tree step costs O(R * R), not O(R * (cached + R)); a tree with its root at row 0 also states
-`rest`, its ancestor matrix, so rendering it evaluates no grid at all.
+`window(rows_pos, size)` (a sliding window, by logical positions), composed by `and_masks` / `or_masks` /
+`by_rows`. Each states `full_prefix`, how many leading keys EVERY row sees (BlockMask's "full blocks" at key
+granularity); the dense renderer fills those columns without calling the mask_mod, so a tree step costs O(R * R),
+not O(R * (cached + R)); a tree with its root at row 0 also states `rest`, its ancestor matrix, so rendering it
+evaluates no grid at all (a window states neither: its grid is evaluated).
 
 Renderers: `dense` (bool (R, K), for drawing and checks) and `render` (the backend's format):
 - "sdpa" and "eager": an ADDITIVE float mask (0 = see, finfo(dtype).min = hidden), (1, 1, R, K). A boolean mask
   is right under sdpa but SILENTLY WRONG under eager (which adds it to the scores), so none is handed to a model;
 - "flex_attention": a BlockMask from `create_block_mask` (on CPU for correctness and teaching, not speed);
-- "bool": the boolean mask itself (drawing and checks only).
-
+- "bool": the boolean mask itself (drawing and checks only); `render_layers`: one per kind of layer (sliding ones).
 Simplifications: batch size 1, one mask for every head; `dense` evaluates the whole grid past the full prefix.
 """
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from .. import compat
 from .draft_tree import DraftTree
 
 MaskMod = Callable  # (b, h, q_idx, kv_idx) -> bool tensor
@@ -108,6 +109,24 @@ def tree(parents: Sequence[int], root_row: int = 0, cached: int = 0, device=None
     return mask_mod
 
 
+def window(rows_pos, size: int, first_key: int = 0, keys_pos=None, device=None) -> MaskMod:
+    """A sliding-window layer's limit: row r (at logical position rows_pos[r]) sees a key only if the key's position
+    is above rows_pos[r] - size (transformers' rule). The cache holds every position: key k < first_key sits at
+    position k (the committed text, in order), key first_key + j at keys_pos[j] (default: rows_pos, the forward's
+    own rows). AND it with the rest of the mask."""
+    rows_pos = torch.as_tensor(rows_pos, dtype=torch.long, device=device)  # (R,)
+    keys_pos = rows_pos if keys_pos is None else torch.as_tensor(keys_pos, dtype=torch.long, device=device)
+    last_row, last_key = len(rows_pos) - 1, max(len(keys_pos) - 1, 0)
+    keys_pos = keys_pos if len(keys_pos) else torch.zeros(1, dtype=torch.long, device=device)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        q_idx, kv_idx = torch.as_tensor(q_idx), torch.as_tensor(kv_idx)
+        after = keys_pos.to(kv_idx.device)[(kv_idx - first_key).clamp(0, last_key)]
+        key_pos = torch.where(kv_idx < first_key, kv_idx, after)
+        return key_pos > rows_pos.to(q_idx.device)[q_idx.clamp(0, last_row)] - size
+    return mask_mod
+
+
 def and_masks(*mods: MaskMod) -> MaskMod:
     def mask_mod(b, h, q_idx, kv_idx):
         out = mods[0](b, h, q_idx, kv_idx)
@@ -176,6 +195,26 @@ def render(mask_mod: MaskMod, q_len: int, kv_len: int, backend: str = "sdpa", dt
     mask = torch.zeros(q_len, kv_len, dtype=dtype, device=device)  # the full columns stay 0 (seen)
     mask[:, full:].masked_fill_(~rest, torch.finfo(dtype).min)
     return mask[None, None]  # (1, 1, R, K)
+
+
+def render_layers(mask_mod: MaskMod, q_len: int, kv_len: int, layers=None, window_mod: MaskMod | None = None,
+                  backend: str = "sdpa", dtype=torch.float32, device=None, first_key: int = 0):
+    """The attention_mask for a model whose layers are `layers` (compat.AttentionLayers; None: full attention):
+    `render(mask_mod)` where no layer slides; where some do, the sliding layers' mask is mask_mod AND `window_mod`
+    (a `window` piece): one mask when every layer slides, else {"full_attention": .., "sliding_attention": ..}
+    (a decoder that lists its layer types picks each layer's by its kind). `first_key`: the sliding layers read
+    keys first_key..kv_len only (kv_cache.WindowedLayer), so their mask has kv_len - first_key columns."""
+    if layers is None or not layers.sliding:
+        return render(mask_mod, q_len, kv_len, backend, dtype, device)
+    if window_mod is None:
+        raise ValueError("a model with sliding-window layers needs the window's mask piece (masks.window)")
+    inner = and_masks(mask_mod, window_mod)
+    shifted = inner if not first_key else lambda b, h, q_idx, kv_idx: inner(b, h, q_idx, torch.as_tensor(kv_idx)
+                                                                              + first_key)
+    sliding = render(shifted, q_len, kv_len - first_key, backend, dtype, device)
+    if not layers.by_type:
+        return sliding
+    return {compat.FULL: render(mask_mod, q_len, kv_len, backend, dtype, device), compat.SLIDING: sliding}
 
 
 # ---- the tree forward of notebooks 02-04 (root + nodes against a cache of prefix_len tokens) ----------

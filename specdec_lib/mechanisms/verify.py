@@ -5,9 +5,9 @@ speculative-sampling rule of Leviathan et al. 2023 (App. A.1) / Chen et al. 2023
 
 Between steps the target's cache holds every committed token but the last (the *root*); on step 1 it is empty.
 1. `build_forward`: rows = the committed tokens the cache lacks (prompt[:-1] on step 1) + root + tree nodes
-   (+ side rows), their positions and ONE mask from masks.py's pieces. A plain step or a chain (`causal_rows`)
-   is a causal forward with no mask, so on step 1 it is the prompt's prefill; a masked step after a long prompt
-   (over PREFILL_ROWS tokens; always in FAFO's store) feeds prompt[:-1] first in a causal forward (`prefill`).
+   (+ side rows), their positions and ONE mask from masks.py's pieces (one per attention kind with sliding-window
+   layers). A plain step or a chain (`causal_rows`) is a causal forward with transformers' mask (step 1: the
+   prompt's prefill); a masked step after over PREFILL_ROWS tokens (always in FAFO's store) feeds prompt[:-1] first.
 2. `run_forward` keeps the rows of root, nodes and side rows; with `lazy` (PLAIN_HEAD_MODELS) it returns
    `RowLogits`, projecting a row through the LM head only when read: the walk reads 1 + k of the 1 + n rows.
 3. the verdict. No q (tables, prompt lookup, greedy drafts): `walk_tree` picks the target's token for the
@@ -21,8 +21,8 @@ Between steps the target's cache holds every committed token but the last (the *
    (kv_cache.compact; each key was rotated at its final position, so nothing is re-fed); side rows and rejected
    nodes are dropped. The only code that shrinks the target's cache after a forward.
 
-Simplifications: batch size 1; full-attention caches; q-based verification takes a chain only (a sampled tree
-would need SpecInfer-style recursive rejection sampling); side rows never see the tree nodes.
+Simplifications: batch size 1; q-based verification takes a chain only (a sampled tree would need SpecInfer-style
+recursive rejection sampling); side rows never see the tree nodes.
 """
 from __future__ import annotations
 
@@ -175,9 +175,11 @@ def causal_rows(proposal: Proposal, backend: str) -> bool:
 
 
 def build_forward(proposal: Proposal, pending: list[int], cached: int, backend: str = "sdpa",
-                  dtype=torch.float32, device=None, cache=None) -> tuple[dict, int]:
+                  dtype=torch.float32, device=None, cache=None, layers=None) -> tuple[dict, int]:
     """(model inputs, rows to keep) of the forward verifying `proposal` after `cached` cache entries.
-    A target attached to a FlexLayoutStore (backend flex_backend.ATTENTION_NAME) gets the store's mask: `cache`."""
+    A target attached to a FlexLayoutStore (backend flex_backend.ATTENTION_NAME) gets the store's mask: `cache`.
+    `layers` (compat.AttentionLayers of the target): with sliding-window layers, their mask also hides the keys
+    outside each row's window, by logical position (masks.render_layers); the cache holds every position."""
     tree, side = proposal.tree, proposal.side
     m, n, s = len(pending), len(tree), len(side) if side is not None else 0
     root_row, root_pos = m - 1, cached + m - 1
@@ -205,7 +207,10 @@ def build_forward(proposal: Proposal, pending: list[int], cached: int, backend: 
         inputs["attention_mask"] = _store_mask(cache, mask_mod, rows, cached, compressed, positions,
                                                causal=not (n or s))
     else:
-        inputs["attention_mask"] = masks.render(mask_mod, rows, cached + rows, backend, dtype, device)
+        window = masks.window(positions, layers.window, cached) if layers is not None and layers.sliding else None
+        first = kv_cache.window_start(cache) if window is not None and cache is not None else 0  # WindowedLayers
+        inputs["attention_mask"] = masks.render_layers(mask_mod, rows, cached + rows, layers, window, backend, dtype,
+                                                       device, first)
     return inputs, 1 + n + s
 
 
@@ -230,11 +235,13 @@ class ForwardSpec(NamedTuple):
     dtype: torch.dtype
     device: torch.device
     lazy_ok: bool  # lazy_head_ok(target)
+    layers: compat.AttentionLayers  # the decoder layers' attention kinds (sliding-window layers' masks)
 
 
 def forward_spec(target) -> ForwardSpec:
     param = next(target.parameters())
-    return ForwardSpec(attention_backend(target), param.dtype, param.device, lazy_head_ok(target))
+    return ForwardSpec(attention_backend(target), param.dtype, param.device, lazy_head_ok(target),
+                       compat.attention_layers(target.config))
 
 
 def forward_proposal(target, cache, proposal: Proposal, pending: list[int], lazy: bool = True,
@@ -246,6 +253,9 @@ def forward_proposal(target, cache, proposal: Proposal, pending: list[int], lazy
     if ((side is not None and side.compressed) or proposal.compressed_root) and spec.backend != ATTENTION_NAME:
         raise ValueError("compressed rows read C(kv) from a flex_layout.FlexLayoutStore: the target must be "
                          "attached to one (the proposer's target_cache)")
+    if spec.backend == ATTENTION_NAME and spec.layers.sliding:
+        raise ValueError("the store's attention (FAFO's layout) has no sliding window: a target with sliding-window "
+                         "layers verifies through the loop's own cache")
     if proposal.features and not spec.lazy_ok:
         raise ValueError("this proposer reads the target's final hidden states, which needs a model whose logits "
                          f"are lm_head(hidden) ({sorted(PLAIN_HEAD_MODELS)})")
@@ -257,7 +267,7 @@ def forward_proposal(target, cache, proposal: Proposal, pending: list[int], lazy
         context = prefill(target, cache, pending[:-1], spec, proposal.features)
         pending = pending[-1:]
     inputs, keep = build_forward(proposal, pending, kv_cache.cache_length(cache), spec.backend, spec.dtype,
-                                 spec.device, cache)
+                                 spec.device, cache, spec.layers)
     if proposal.features:
         before = len(pending) - 1  # committed rows fed with the root in this forward (a plain first step)
         rows = run_forward(target, cache, inputs, keep + before, True, checked=True)
@@ -271,7 +281,7 @@ def prefill(target, cache, tokens: list[int], spec: ForwardSpec, hidden: bool = 
     kernel (a P x P mask would cost the prompt's prefill several times over at long context), and only the
     step's own rows meet a mask. The logits are not read; `hidden`: return the final hidden states (T, H)."""
     inputs, _ = build_forward(Proposal(DraftTree(tokens[-1])), tokens, kv_cache.cache_length(cache), spec.backend,
-                              spec.dtype, spec.device, cache)
+                              spec.dtype, spec.device, cache, spec.layers)
     if hidden:
         return compat.forward(target.model, cache=cache, use_cache=True, **inputs).last_hidden_state[0]
     compat.forward(target, cache=cache, use_cache=True, logits_to_keep=1, **inputs)

@@ -101,9 +101,10 @@ class DraftModel(Proposer):
         # per drafted step: g forwards + the rollback (`observe`), both re-estimated from this generation's timings
         self.forward_ms = self.budget.curve(req.draft, name="draft_costs").at(0)(1) if self.budget.auto else 0.0
         self.rollback_ms = 0.0
-        if self.tree:  # the draft's tree rows: its attention backend's mask, in its dtype
+        if self.tree:  # the draft's tree rows: its attention backend's mask, in its dtype, per attention kind
             self.backend = getattr(req.draft.config, "_attn_implementation", None) or "sdpa"
             self.dtype = next(req.draft.parameters()).dtype
+            self.layers = compat.attention_layers(req.draft.config)
             learn = self.timed and req.sampling.greedy  # no clock under sampling: a seed's draws are fixed
             self.budget.start(req, lambda curve: ConfidenceBudget(curve, TREE_LADDER, self.forward_ms,
                                                                   len(state.committed), learn_head=learn))
@@ -170,13 +171,17 @@ class DraftModel(Proposer):
     def _tree_forward(self):
         """dynamic_tree.grow's forward: one draft forward of a depth's expanded nodes after the committed text."""
         c, device = len(self.draft.tokens), self.draft.device  # the cache holds committed[:c], the root last
+        fed = []  # the logical positions of the tree rows in the cache, in cache order (a sliding window reads them)
 
         def forward(expand, nodes, sees, d):
             rows, kv = sees.shape  # a row sees the committed text, its ancestors' rows and its own
+            fed.extend([c - 1 + d] * rows)  # a depth-d node sits d after the root
             mod = masks.or_masks(masks.prefix(c), masks.visible(sees, 0, c, device))
-            mask = masks.render(mod, rows, c + kv, self.backend, self.dtype, device)  # (1, 1, E, c + kv)
+            window = masks.window(fed[-rows:], self.layers.window, c, fed, device) if self.layers.sliding else None
+            mask = masks.render_layers(mod, rows, c + kv, self.layers, window, self.backend, self.dtype,
+                                       device)  # (1, 1, E, c + kv) (one per attention kind with sliding layers)
             ids = torch.tensor([[nodes[i][2] for i in expand]], device=device)  # (1, E)
-            pos = torch.full((1, rows), c - 1 + d, device=device)  # a depth-d node sits d after the root
+            pos = torch.full((1, rows), c - 1 + d, device=device)
             logits = compat.forward(self.draft.model, input_ids=ids, position_ids=pos, attention_mask=mask,
                                     cache=self.draft.cache, use_cache=True).logits[0]  # (E, V)
             self.draft_forwards += 1

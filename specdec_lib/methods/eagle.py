@@ -31,12 +31,12 @@ import time
 import torch
 
 from ..env import check_int, median_ms
-from ..models.eagle_head import EagleHead, HeadKV, head_for
+from ..models.eagle_head import EagleHead, HeadKV, decode_problem, head_for
 from ..loop import LoopState, Proposal, Proposer, register_proposer
 from ..mechanisms.budget import Budget
 from ..mechanisms.budget.confidence import ConfidenceBudget
 from ..mechanisms.budget.cost_curve import estimated_ms, estimating
-from ..mechanisms import dynamic_tree
+from ..mechanisms import dynamic_tree, verify
 from ..mechanisms.draft_tree import ROOT, DraftTree
 
 BUDGET_LADDER = (0, 1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # budget="auto" picks among these
@@ -99,11 +99,23 @@ class Eagle(Proposer):
     def start(self, state: LoopState) -> None:
         req = state.request
         self.target = req.target
+        family = getattr(req.target.config, "model_type", type(req.target).__name__)
+
+        def refuse(why: str) -> ValueError:
+            return ValueError(f"'eagle' cannot decode with a {family} target: {why}: use 'draft_model' with a small "
+                              f"{family} draft, or 'cacheback' (no draft) instead")
+        if not verify.lazy_head_ok(req.target):  # refused before the head is looked for
+            raise refuse(f"its head drafts features that the target's LM head reads as lm_head(hidden), and "
+                         f"{family}'s logits are not that (e.g. soft-capped; the families whose logits are: "
+                         f"{sorted(verify.PLAIN_HEAD_MODELS)})")
+        # a head is one decoder layer of its target's family (EagleHead.for_target), which its fast decode must know
+        problem = decode_problem(self.head.layer if self.head is not None else req.target.model.layers[0])
+        if problem:
+            raise refuse(problem)
         head = self.head if self.head is not None else head_for(req.target)
         if head.config.hidden_size != req.target.config.hidden_size:
             raise ValueError(f"the head's width {head.config.hidden_size} is not the target's "
                              f"{req.target.config.hidden_size}")
-        head.check_decodable()
         self.h = head
         self.embed = req.target.get_input_embeddings()
         self.device = next(req.target.parameters()).device

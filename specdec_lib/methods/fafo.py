@@ -115,6 +115,10 @@ class Fafo(Proposer):
     C(kv). block, attention: the store's. seed: the streams' start. from_text: pool the text's k-token runs too
     (as Lookahead's from_text; notebook 06 compares). costs: the cost curve the "auto" knobs read."""
 
+    no_sliding = ("its KV store (one FlexAttention layout for every layer, read through a compression) has no "
+                  "sliding window: use 'lookahead' (the same Jacobi-style guess rows, through the loop's cache) or "
+                  "'cacheback' instead")
+
     def __init__(self, streams: int | str = "auto", guess_len: int = 6, compression="streaming", kv_budget: int = 128,
                  sinks: int = 4, page: int = 16, block: int = flex_layout.BLOCK, attention: str = "auto",
                  fused: bool = True, seed: int = 0, candidates: int | str | None = "auto", costs=None,

@@ -100,15 +100,9 @@ class EagleHead(nn.Module):
 
     def check_decodable(self) -> None:
         """A clear error where `decode` would not compute `forward` (a layer with parts it does not run)."""
-        attn, mlp = getattr(self.layer, "self_attn", None), getattr(self.layer, "mlp", None)
-        need = [(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "scaling")] + \
-            [(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")] + \
-            [(self.layer, n) for n in ("input_layernorm", "post_attention_layernorm")]
-        missing = [n for obj, n in need if not hasattr(obj, n)]
-        extra = [n for n in ("q_norm", "k_norm") if hasattr(attn, n)]  # Qwen3-style per-head norms
-        if missing or extra:
-            raise ValueError(f"EagleHead.decode runs Llama-style decoder layers; {type(self.layer).__name__} "
-                             f"{'lacks ' + ', '.join(missing) if missing else 'has ' + ', '.join(extra)}")
+        problem = decode_problem(self.layer)
+        if problem:
+            raise ValueError(problem)
 
     def decode(self, features: torch.Tensor, embeds: torch.Tensor, positions: list[int], sees: torch.Tensor,
                kv: "HeadKV") -> torch.Tensor:
@@ -163,6 +157,21 @@ def _rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def decode_problem(layer) -> str | None:
+    """Why `EagleHead.decode` cannot run a head whose layer is `layer` (a decoder layer; a head is one of its
+    target's family: `for_target`), or None: it runs Llama-style layers only."""
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    need = [(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "scaling")] + \
+        [(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")] + \
+        [(layer, n) for n in ("input_layernorm", "post_attention_layernorm")]
+    missing = [n for obj, n in need if not hasattr(obj, n)]
+    extra = [n for n in ("q_norm", "k_norm") if hasattr(attn, n)]  # Qwen3-style per-head norms
+    if missing or extra:
+        return (f"EagleHead.decode runs Llama-style decoder layers; {type(layer).__name__} "
+                f"{'lacks ' + ', '.join(missing) if missing else 'has ' + ', '.join(extra)}")
+    return None
 
 
 class HeadKV(GrowableKV):

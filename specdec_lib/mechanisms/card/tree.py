@@ -22,7 +22,7 @@ match), `CardTree` the draft model, its KV and the layer machinery.
 
 Simplifications: scores are the draft's raw (unwarped) log-probabilities; a node's KV stays in the cache once
 fed (node i at offset i after the committed text); a pruned tree whose frontier is gone restarts the beam from
-its fed leaves; batch size 1; full-attention draft caches only.
+its fed leaves; batch size 1; a sliding-window draft keeps every position (its window is the masks').
 """
 from __future__ import annotations
 
@@ -135,6 +135,7 @@ class CardTree(ScoredTree):
         self.device = next(draft.parameters()).device
         self.backend = getattr(draft.config, "_attn_implementation", None) or "sdpa"
         self.dtype = next(draft.parameters()).dtype
+        self.kinds = compat.attention_layers(draft.config)  # a sliding-window draft's masks hide what its window does
         self.cache = kv_cache.new_cache(draft, capacity=kv_cache.GROWING)
         self.ctx = []  # the committed tokens the cache holds
         self.layers = 0  # draft forwards in total
@@ -162,10 +163,15 @@ class CardTree(ScoredTree):
         sees = anc[self.fed:n, :n]  # the frontier is the unfed suffix: rows fed..n-1 see keys c..c+n-1
         mod = masks.or_masks(masks.prefix(c), masks.visible(sees, 0, c, self.device))  # the block where it is read
         root_pos = len(self.committed) - 1
+        window = None
+        if self.kinds.sliding:  # node i's key sits at offset i after the committed text, at root + its depth
+            keys_pos = [root_pos + depth for depth in self.depths[:n]]
+            window = masks.window([keys_pos[i] for i in rows], self.kinds.window, c, keys_pos, self.device)
         return dict(kind="frontier", rows=list(rows), start=start,
                     ids=torch.tensor([[self.tokens[i] for i in rows]], device=self.device),
                     pos=torch.tensor([[root_pos + self.depths[i] for i in rows]], device=self.device),
-                    mask=masks.render(mod, len(rows), c + n, self.backend, self.dtype, self.device))
+                    mask=masks.render_layers(mod, len(rows), c + n, self.kinds, window, self.backend, self.dtype,
+                                             self.device))
 
     def forward(self, job: dict):
         if job["kind"] == "expand":
