@@ -157,9 +157,9 @@ class WindowedLayer(ContiguousLayer):
         super().__init__(capacity)
         self.window = check_int("window", window, 1)
 
-    def window_start(self, length: int | None = None) -> int:
-        """The first entry a forward after `length` (default: the cached) entries reads."""
-        return max(0, (self.get_seq_length() if length is None else length) - self.window + 1)
+    def window_start(self) -> int:
+        """The first entry the next forward reads (its first row sits at the cached length)."""
+        return max(0, self.get_seq_length() - self.window + 1)
 
     def update(self, key_states, value_states, *args, **kwargs):
         start = self.window_start()  # before the rows are written
