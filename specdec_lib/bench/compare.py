@@ -162,6 +162,9 @@ NEVER_FILES = {"tiny, code": ("bench_code_cpu_never.json", "vs_autoregressive"),
                "tiny, editing": ("bench_editing_cpu_never.json", "vs_autoregressive"),
                "smol, humaneval": ("bench_humaneval_cpu_never_smol.json", "vs_autoregressive"),
                "smol, editing": ("bench_editing_cpu_never_smol.json", "vs_autoregressive"),
+               "smol, rename": ("bench_rename_cpu_never_smol.json", "vs_autoregressive"),
+               "smol, chat": ("bench_chat_cpu_never_smol.json", "vs_autoregressive"),
+               "smol, translation": ("bench_translation_cpu_never_smol.json", "vs_autoregressive"),
                "tiny-long, 8k": ("long_context_cpu_never.csv", "decode_vs_autoregressive")}
 
 

@@ -40,8 +40,9 @@ import torch
 from ..decoding import METHODS, context_length, generate
 from ..mechanisms.budget.cost_curve import prepare_costs
 from ..env import PROMPTS_DIR, cpu_model_name
+from ..models.loading import UNSEEN_SUITES
 
-SUITES = ("code", "editing")
+SUITES = ("code", "editing") + UNSEEN_SUITES  # the project's own (tools/make_prompts.py, unseen_prompts.py)
 LONG_SUITES = ("long_code",)  # repository-level code completion at 1k-16k tokens: for the long pair ("tiny-long")
 PUBLIC_SUITES = ("humaneval",)  # shipped by a package: offline too
 DEFAULT_LIMIT = 12  # CLI default: the first 12 prompts of a suite (a whole suite takes long on a small CPU)

@@ -68,7 +68,7 @@ class Cacheback(Proposer):
                  crt: int | None = None, merge: bool = False, frozen=True, dynamic: bool = True, tokenizer=None,
                  costs=None):
         ll, fl, lc, fc = (check_int(name, value, 1) for name, value in dict(ll=ll, fl=fl, lc=lc, fc=fc).items())
-        self.budget = Budget("tdl", tdl, 1, costs=costs)
+        self.budget = Budget("tdl", tdl, 1, plain=TDL_LADDER[0], costs=costs)
         tdl = self.budget.value
         crt = None if crt is None else check_int("crt", crt)
         if self.budget.auto:

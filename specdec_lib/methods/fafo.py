@@ -201,7 +201,8 @@ class Fafo(Proposer):
             state.request.target.set_attn_implementation(self._previous)
 
     def propose(self, state: LoopState, max_depth: int) -> Proposal:
-        streams = self.side is None or self.side.choose(len(state.committed))
+        # the guard (budget/guard.py) stops the streams too while drafted steps lose to plain ones
+        streams = self.budget.may_draft() and (self.side is None or self.side.choose(len(state.committed)))
         self.budget.price_cheap_rows(self.n * self.k if streams else 0)  # paid only when the streams run
         candidates = self.pool.lookup(state.committed, self.n, self.k) if max_depth > 0 else []
         extra, carry = {}, {}

@@ -122,7 +122,8 @@ class Lookahead(Proposer):
     def propose(self, state: LoopState, max_depth: int) -> Proposal:
         root = state.committed[-1]
         length = min(self.N - 1, max_depth)  # deeper guess tokens could not be emitted
-        window = self.side is None or self.side.choose(len(state.committed))
+        # the guard (budget/guard.py) stops the window too while drafted steps lose to plain ones
+        window = self.budget.may_draft() and (self.side is None or self.side.choose(len(state.committed)))
         guesses = self.pool.get(root) if length > 0 else []
         levels, cols = len(self.levels), len(self.levels[0])
         window_rows = levels * cols if window else 0

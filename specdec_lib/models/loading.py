@@ -40,6 +40,8 @@ CHAT_INSTRUCTIONS = {
     "humaneval": "Complete this Python function. Reply with the code only.",
 }
 CHAT_DEFAULT = "Continue this text from where it stops."
+# Suites of tasks no budget was tuned on (tools/unseen_prompts.py): each prompt is the whole user turn already
+UNSEEN_SUITES = ("rename", "chat", "translation")
 
 
 @dataclass
@@ -63,11 +65,15 @@ class ModelPair:
 
     def chat_text(self, prompt: str, category: str | None = None) -> str:
         """`prompt` as the model expects it: for a chat model, one user turn (the suite's instruction, then the
-        prompt in a code block) and the assistant's opening, by the tokenizer's own template; else as it is."""
+        prompt in a code block; an UNSEEN_SUITES prompt is the turn itself) and the assistant's opening, by the tokenizer's own template; else as it is."""
         if not self.chat:
             return prompt
-        instruction = CHAT_INSTRUCTIONS.get(category or "", CHAT_DEFAULT)
-        turn = [{"role": "user", "content": f"{instruction}\n\n```python\n{prompt}\n```"}]
+        if category in UNSEEN_SUITES:
+            content = prompt
+        else:
+            instruction = CHAT_INSTRUCTIONS.get(category or "", CHAT_DEFAULT)
+            content = f"{instruction}\n\n```python\n{prompt}\n```"
+        turn = [{"role": "user", "content": content}]
         return self.tokenizer.apply_chat_template(turn, add_generation_prompt=True, tokenize=False)
 
     def encode_prompt(self, prompt, category: str | None = None) -> torch.Tensor:

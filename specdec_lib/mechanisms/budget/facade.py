@@ -29,6 +29,7 @@ from .. import dynamic_tree
 from .choosers import TRIAL_SHARE, ChainBudget, TreeBudget, tree_yield
 from .confidence import ConfidenceBudget
 from .cost_curve import reach, resolve_curve
+from .guard import Guard
 from .side import SideBudget, text_tree_yield
 
 __all__ = ["AUTO", "TRIAL_SHARE", "Budget", "ChainBudget", "Chooser", "ConfidenceBudget", "Fixed", "SideBudget",
@@ -113,7 +114,7 @@ class Budget:
     optional: None is allowed too (CARD's query), no budget of its own: `choose` returns None."""
 
     def __init__(self, option: str, value, minimum: int = 1, optional: bool = False, shared: bool = False,
-                 **costs):
+                 plain: int = 0, **costs):
         self.option = option
         self.value = None if value is None and optional else check_budget(option, value, minimum)
         if not shared:
@@ -121,6 +122,8 @@ class Budget:
         self.costs = costs
         self.chooser: Chooser = Fixed(self.value)
         self.others: list[int] = []  # a tree chooser's neighbouring candidates this step (to regrow)
+        self.guard: Guard | None = None  # what the clock says of drafted steps (guard.py), "auto" and greedy only
+        self.plain = plain  # the budget of a plain step (Cacheback's TDL 2): what `choose` says when the guard stops
 
     @property
     def auto(self) -> bool:
@@ -132,12 +135,23 @@ class Budget:
 
     def start(self, request, build: Callable) -> None:
         """A new generation: under "auto", build(curve) -> the chooser, over the target's curve up to the
-        context `request` reaches; a fixed value keeps its `Fixed`."""
+        context `request` reaches; a fixed value keeps its `Fixed`. The guard watches a measured curve's choices
+        under greedy decoding (an injected curve is taken as given, and a seed's draws follow no clock)."""
         self.chooser = build(self.curve(request.target, reach(request))) if self.auto else Fixed(self.value)
+        timed = self.auto and request.sampling.greedy and self.costs.get("costs") is None
+        self.guard = Guard() if timed else None
+
+    def may_draft(self) -> bool:
+        """False when the guard has stopped drafting for now (the step is plain: no draft, no side rows)."""
+        return self.guard is None or self.guard.allowed
 
     def choose(self, context: int, limit: int | None = None) -> int | None:
         """This step's budget at `context` tokens (a chain's at most `limit`; a tree chooser's other candidates
-        wait in `others`, for `carry`; EAGLE-2's judge: 0 for a plain step, else the largest size it may keep)."""
+        wait in `others`, for `carry`; EAGLE-2's judge: 0 for a plain step, else the largest size it may keep).
+        `plain` without asking the chooser while the guard stops drafting."""
+        if not self.may_draft():
+            self.others = []
+            return self.plain
         size, self.others = self.chooser.plan(context, limit)
         return size
 
@@ -171,11 +185,18 @@ class Budget:
         return dict(draft_size=size, expected_gain=None if gain is None else round(float(gain), 3))
 
     def record(self, verdict) -> None:
-        """Learn from a verified step (nothing when fixed), and correct a measured curve by the loop's timing."""
+        """Learn from a verified step (nothing when fixed, nothing from a step the guard made plain), and correct
+        a measured curve by the loop's timing."""
+        proposal = verdict.proposal
+        if self.guard is not None:
+            vetoed = not self.guard.allowed
+            self.guard.record(bool(len(proposal.tree)) or proposal.side is not None, len(verdict.emitted))
+            if vetoed:
+                return
         self.chooser.learn(verdict)
         if not self.chooser.learns_costs:
             return
-        proposal, ms = verdict.proposal, verdict.verify_ms  # ms: the loop's timing of this step (None: the prefill)
+        ms = verdict.verify_ms  # the loop's timing of this step (None: the prefill)
         # a measured curve is corrected by the steps (an injected one is taken as given), where the step's rows
         # are the tree's (side rows, Lookahead's window or FAFO's fumble rows, are priced by the curve alone)
         if ms is not None and self.costs.get("costs") is None and proposal.side is None:
@@ -184,5 +205,5 @@ class Budget:
     def stats(self) -> dict:
         """What a method with an 'auto' budget adds to its stats (nothing if fixed): the cost curve it chose from
         last ("curve") and every curve it read ("costs"), and what a judge learnt (EAGLE's head price, its
-        calibration). The budget chosen each step is in the step records, under "draft_size"."""
-        return self.chooser.stats()
+        calibration), and what the guard saw. The budget chosen each step is in the step records ("draft_size")."""
+        return {**self.chooser.stats(), **(self.guard.stats() if self.guard is not None else {})}

@@ -1,0 +1,137 @@
+"""The guard of "auto" budgets (mechanisms/budget/guard.py): what drafted steps realise on the clock decides.
+
+Unit checks on a scripted clock (drafting that loses stops after `judge_after` steps of a trial and is tried again
+after a bounded wait; drafting that pays goes on, with a plain reference step now and then), and one generation
+whose draft is made slow on purpose, where the chooser's model (the draft's measured forward price) cannot see
+the cost: the guard turns the generation to plain steps, and the tokens stay the target's."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from specdec_lib import generate
+from specdec_lib.mechanisms.budget import Budget, ChainBudget
+from specdec_lib.mechanisms.budget import cost_curve as C
+from specdec_lib.mechanisms.budget.guard import Guard
+
+from helpers import random_lm, repeating_prompt
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run(guard: Guard, clock: Clock, step, steps: int) -> list[bool]:
+    """`steps` steps; step(allowed) -> (drafted, tokens, ms). Returns whether each step was allowed to draft."""
+    allowed = []
+    guard.record(False, 1)  # the prefill's step: opens the clock, compared with nothing
+    for _ in range(steps):
+        allowed.append(guard.allowed)
+        drafted, tokens, ms = step(guard.allowed)
+        clock.now += ms / 1e3
+        guard.record(drafted, tokens)
+    return allowed
+
+
+def test_drafting_that_loses_stops_and_is_tried_again_at_a_bounded_cost():
+    clock = Clock()
+    guard = Guard(judge_after=3, probe_every=16, clock=clock)
+    # a drafted step: 1.5 tokens for 20 ms; a plain one: 1 token for 10 ms (drafting is 0.75x as fast)
+    allowed = run(guard, clock, lambda ok: (True, 1.5, 20.0) if ok else (False, 1, 10.0), 200)
+    assert allowed[:2] == [True, False]  # one drafted step, then a plain reference (no plain time yet)
+    first_off = allowed.index(False, 2)
+    assert first_off == 4  # judged after three drafted steps of the trial: off
+    drafted = sum(allowed)
+    assert drafted < 0.2 * len(allowed), allowed  # trials only
+    assert guard.trials >= 2 and guard.gain == pytest.approx(0.75)
+    # what the trials lost is a bounded share of the time: drafting's extra ms over plain for the same tokens
+    lost = drafted * (20.0 - 1.5 * 10.0)
+    total = drafted * 20.0 + (len(allowed) - drafted) * 10.0
+    assert lost / total < 0.06, (lost, total)
+    assert guard.stats()["guard_vetoed"] == len(allowed) - drafted
+
+
+def test_drafting_that_pays_goes_on_with_a_reference_step_now_and_then():
+    clock = Clock()
+    guard = Guard(judge_after=3, reference_every=32, clock=clock)
+    allowed = run(guard, clock, lambda ok: (True, 2.5, 14.0) if ok else (False, 1, 10.0), 200)
+    plain = [i for i, ok in enumerate(allowed) if not ok]
+    assert len(plain) <= 8 and all(b - a >= 32 for a, b in zip(plain[1:], plain[2:])), plain
+    assert guard.on and guard.gain == pytest.approx(2.5 / 14.0 * 10.0)
+
+
+def test_a_budget_guards_only_measured_greedy_choices():
+    """An injected curve is taken as given (its choices reproduce), and under sampling no choice follows the
+    clock: no guard there; a fixed budget is honoured exactly."""
+    pair = random_lm(seed=5, logit_scale=20.0)
+    ids = repeating_prompt(30, 5, pair.config.vocab_size)
+    flat = C.CostCurve.from_points({1: 10.0, 128: 10.5})
+    assert generate("prompt_lookup", pair, ids, 16, num_tokens="auto", costs=flat).stats.get("guard_vetoed") is None
+    assert generate("prompt_lookup", pair, ids, 16, num_tokens=3).stats.get("guard_vetoed") is None
+    sampled = generate("prompt_lookup", pair, ids, 16, num_tokens="auto", temperature=1.0, seed=0)
+    assert sampled.stats.get("guard_vetoed") is None
+    greedy = generate("prompt_lookup", pair, ids, 16, num_tokens="auto")
+    assert greedy.stats["guard_vetoed"] >= 0 and "guard_gain" in greedy.stats
+
+
+def test_a_draft_slower_than_its_price_is_stopped_and_the_tokens_stay_the_targets(monkeypatch):
+    """The draft is slowed by a sleep in its forward that the chooser's price of a draft forward (measured on
+    the bare model before the generation) does not hold, and its drafts are always right (the target itself):
+    by the model drafting pays; by the clock each drafted step takes far longer than a plain one for its tokens.
+    The guard makes most steps plain; the output is the target's."""
+    target = random_lm(seed=5, logit_scale=20.0)
+    draft = random_lm(seed=5, logit_scale=20.0)
+    ids = repeating_prompt(30, 5, target.config.vocab_size)
+    reference = generate("hf", target, ids, 64).new_tokens
+    cheap = C.CostCurve.from_points({1: 0.01, 64: 0.02})  # what the chooser believes a draft forward costs
+    original = draft.forward
+
+    def slow(*args, **kwargs):
+        time.sleep(0.02)  # the hidden cost: far beyond a plain step of this small target
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(draft, "forward", slow)
+    result = generate("draft_model", target, ids, 64, draft=draft, gamma="auto", draft_costs=cheap)
+    assert result.new_tokens == reference
+    steps = result.stats["steps"]
+    plain = sum(s["tree_size"] == 0 for s in steps[1:])
+    assert result.stats["guard_vetoed"] >= 0.5 * (len(steps) - 1), result.stats
+    assert plain >= 0.5 * (len(steps) - 1)
+
+
+@pytest.mark.parametrize("method, kwargs", [
+    ("prompt_lookup", dict(num_tokens="auto")), ("draft_model", dict(gamma="auto")),
+    ("draft_model", dict(gamma="auto", topk=4)), ("cacheback", dict(tdl="auto")),
+    ("lookahead", dict(guesses="auto")), ("fafo", dict(candidates="auto")), ("eagle", dict(budget="auto"))])
+def test_a_step_the_guard_stops_is_plain_in_every_method(tiny_pair64, tiny_pair, monkeypatch, method, kwargs):
+    """While the guard stops drafting, each method's step verifies no draft and runs no side rows (a window, fumble
+    streams), and its chooser is not asked; the tokens are the target's."""
+    from specdec_lib.mechanisms.budget import facade
+
+    seen = []
+
+    class Stopped(Guard):
+        def __init__(self):
+            super().__init__()
+            self.allowed = False
+
+        def record(self, drafted, tokens):
+            seen.append(drafted)
+            self.allowed = False
+
+    monkeypatch.setattr(facade, "Guard", Stopped)
+    target, draft, _ = tiny_pair64
+    ids = tiny_pair.encode("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fib")
+    reference = generate("hf", target, ids, 24).new_tokens
+    result = generate(method, target, ids, 24, draft=draft, debug=True, **kwargs)
+    assert result.new_tokens == reference
+    assert seen and not any(seen), seen
+    assert all(s["tree_size"] == 0 for s in result.stats["steps"])
