@@ -12,12 +12,12 @@ call these, never the moving names:
   rows from the input's shape.
 - **HF's assisted generation at 5.15**: `assisted_generation_fixed()` applies 5.16's cache rollback to HF's
   `AssistedCandidateGenerator` during the `hf_assisted` peer's call, so the peer runs on 5.15 too.
-- **Caches of our own**: `transformers.cache_utils`' Cache, CacheLayerMixin and DynamicLayer are internal
-  classes, named only here: kv_cache's `ContiguousLayer` subclasses `DynamicLayer`; FAFO's store
-  (store/layout.py) subclasses `BufferCache`, whose layers are views of the subclass's buffers;
-  `new_dynamic_cache` and `has_counting_layers` build and inspect caches, and
-  `attention_layers(config)` reads each layer's attention kind (full, sliding-window, other) and the window.
+- **Caches of our own**: `transformers.cache_utils`' Cache, CacheLayerMixin and DynamicLayer are internal classes,
+  named only here: kv_cache's `ContiguousLayer` subclasses `DynamicLayer`; FAFO's store (store/layout.py)
+  subclasses `BufferCache`, whose layers are views of the subclass's buffers; `new_dynamic_cache` and
+  `has_counting_layers` build and inspect caches, `attention_layers(config)` reads each layer's kind and window.
 - **Attention kernels at decode time**: `decode_attention(device)` keeps CUDA decodes off cuDNN's SDPA.
+- **Rotary modules**: `rotary_embeddings` passes the layer's attention kind where the forward takes one (Gemma 3).
 - **Private torch ops**: `flash_attention_for_cpu()` (fused CPU attention with its log-sum-exp, for
   store/attention.py) and `packed_linear_ops()` (oneDNN's prepacked linear, for models/prepack.py), each None
   where this torch lacks it (or, for the linear, disagrees with `F.linear` on a probe).
@@ -141,11 +141,12 @@ def query_rows(args: tuple, kwargs: dict) -> int:
 
 # ---- caches of our own ------------------------------------------------------------------------------------
 
-def new_dynamic_cache(config):
-    """An empty DynamicCache for a model of `config` (one layer per decoder layer, sliding-window ones included)."""
+def new_dynamic_cache(config=None):
+    """An empty DynamicCache for a model of `config` (one layer per decoder layer, sliding-window ones included);
+    without a config, full-width layers made as the forward meets them."""
     from transformers import DynamicCache
 
-    return DynamicCache(config=config)
+    return DynamicCache(config=config) if config is not None else DynamicCache()
 
 
 def has_counting_layers(cache) -> bool:
@@ -246,6 +247,22 @@ def decode_attention(device):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+# ---- rotary modules ------------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=None)
+def _takes_layer_type(forward_fn) -> bool:
+    return "layer_type" in inspect.signature(forward_fn).parameters  # follows dynamic_rope_update's __wrapped__
+
+
+def rotary_embeddings(rotary, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None):
+    """(cos, sin), each (B, R, rotary dim), of a decoder's rotary module at position_ids (B, R): `rotary(x,
+    position_ids)`, or with `layer_type` (one of its config's layer_types) where the module keeps one table per
+    attention kind (Gemma 3: the local rope of sliding layers, the global one of full layers)."""
+    if _takes_layer_type(type(rotary).forward):
+        return rotary(x, position_ids, layer_type)
+    return rotary(x, position_ids)
 
 
 # ---- private torch ops ------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Helpers the tests share (imported as `from helpers import ...`; fixtures live in conftest.py): prompts, small
-random float64 models built in memory (Llama and Qwen2), an EAGLE head for them, and table checks.
+random float64 models built in memory (random_lm: Llama and Qwen2; family_lm: every family of the family matrix),
+an EAGLE head for them, and table checks.
 
 Random-init LMs are nearly uniform; tests that need peaked distributions scale the output layer."""
 from __future__ import annotations
@@ -48,6 +49,43 @@ def random_lm(kind: str = "llama", vocab: int = 97, layers: int = 2, hidden: int
     if logit_scale != 1.0:
         with torch.no_grad():
             model.lm_head.weight.mul_(logit_scale)
+    return model
+
+
+WINDOW = 8  # family_lm's sliding window
+
+
+def _config(family: str, layers: int, window: int, vocab: int, hidden: int, **extra):
+    from transformers import (Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config,
+                              Qwen3Config)
+
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  tie_word_embeddings=False, bos_token_id=0, eos_token_id=None, pad_token_id=0, **extra)
+    head_dim = dict(head_dim=hidden // 4)
+    qwen = dict(use_sliding_window=True, sliding_window=window, max_window_layers=1)  # layer 0 full, the rest slide
+    return {"llama": lambda: LlamaConfig(**common),
+            "qwen2": lambda: Qwen2Config(**common, **qwen),
+            "qwen3": lambda: Qwen3Config(**common, **qwen, **head_dim),
+            "gemma2": lambda: Gemma2Config(**common, **head_dim, sliding_window=window),
+            "gemma3": lambda: Gemma3TextConfig(**common, **head_dim, sliding_window=window, sliding_window_pattern=2),
+            "mistral": lambda: MistralConfig(**common, sliding_window=window),
+            "phi3": lambda: Phi3Config(**common, sliding_window=window)}[family]()
+
+
+def family_lm(family: str, layers: int = 3, seed: int = 0, window: int = WINDOW, vocab: int = 128,
+              hidden: int = 32, logit_scale: float = 20.0, **config):
+    """A random float64 causal LM of `family` (peaked: its output layer scaled), eval mode; `config`: more settings
+    of its config (a partial rotary, a logit cap)."""
+    from transformers import (Gemma2ForCausalLM, Gemma3ForCausalLM, LlamaForCausalLM, MistralForCausalLM,
+                              Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)
+
+    classes = dict(llama=LlamaForCausalLM, qwen2=Qwen2ForCausalLM, qwen3=Qwen3ForCausalLM, gemma2=Gemma2ForCausalLM,
+                   gemma3=Gemma3ForCausalLM, mistral=MistralForCausalLM, phi3=Phi3ForCausalLM)
+    torch.manual_seed(seed)
+    model = classes[family](_config(family, layers, window, vocab, hidden, **config)).to(torch.float64).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(logit_scale)
     return model
 
 

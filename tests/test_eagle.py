@@ -11,7 +11,7 @@ from specdec_lib.models.eagle_head import EagleHead, HeadKV, head_for, load_head
 from specdec_lib.methods.eagle import Eagle
 from specdec_lib.training import train_eagle
 
-from helpers import SHIPPED_PROMPTS, random_lm, repeating_prompt, with_head
+from helpers import SHIPPED_PROMPTS, WINDOW, family_lm, random_lm, repeating_prompt, with_head
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -42,20 +42,32 @@ def test_save_load_round_trip_and_another_target_refused(tmp_path):
         load_head(tmp_path / "h", random_lm("llama", seed=4, layers=3))
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+# the families of the family matrix, Phi-3 with a partial rotary too (its first half of each head's dims turned)
+DECODED = {**{kind: dict(family=kind) for kind in ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "mistral", "phi3")},
+           "phi3-partial": dict(family="phi3", partial_rotary_factor=0.5)}
+
+
+@pytest.mark.parametrize("kind", sorted(DECODED))
 def test_the_written_out_decode_is_the_heads_forward(kind):
-    """EagleHead.decode (the decode-time path, its own KV buffers) against forward with a DynamicCache: a catch-up
-    of causal rows, then tree rows at shared positions with a mask, a crop and more rows; GQA (4 heads, 2 KV),
-    and qwen2's biased projections; the buffers grow past their first capacity."""
-    target = random_lm(kind, seed=3)
+    """EagleHead.decode (the decode-time path, its own KV buffers) against forward with a transformers cache, per
+    family: a catch-up of causal rows past the copied layer's window (the head's layer is full-width in both),
+    then tree rows at shared positions with a mask, a crop and more rows; GQA (4 heads, 2 KV), qwen2's biased
+    projections, qwen3's and gemma3's q/k norms, phi3's fused projections, Gemma's 1 + w and sandwich norms,
+    gemma2's soft-capped attention; every weight moved off its initial value (norms of ones or zeros would hide a
+    norm read wrongly); the buffers grow past their first capacity."""
+    target = family_lm(layers=2, seed=3, **DECODED[kind])
     head = EagleHead.for_target(target).eval()
     torch.manual_seed(0)
-    P, d = 9, target.config.hidden_size
+    with torch.no_grad():
+        for param in head.parameters():
+            param.add_(0.3 * torch.randn_like(param))
+    P, d = 2 * WINDOW + 1, target.config.hidden_size
     feats, embeds = torch.randn(P + 3, d, dtype=torch.float64), torch.randn(P + 3, d, dtype=torch.float64)
-    cache, kv = compat.new_dynamic_cache(head.config), HeadKV(head, capacity=4)
+    cache, kv = head.new_cache(), HeadKV(head, capacity=4)
     with torch.no_grad():
         causal = torch.ones(P, P, dtype=torch.bool).tril()
         want = head(feats[None, :P], embeds[None, :P], torch.arange(P)[None], causal[None, None], cache)[0]
+        assert torch.allclose(head(feats[None, :P], embeds[None, :P], torch.arange(P)[None])[0], want, atol=1e-12)
         got = head.decode(feats[:P], embeds[:P], list(range(P)), causal, kv)
         assert kv.length == P and torch.allclose(got, want, atol=1e-12)
         sees = torch.zeros(3, P + 3, dtype=torch.bool)  # two siblings at P, a child of the first at P + 1
@@ -70,16 +82,50 @@ def test_the_written_out_decode_is_the_heads_forward(kind):
             kv.crop(P)
     with pytest.raises(ValueError, match="cannot crop"):
         kv.crop(P + 1)
+    layout = head.layout()
+    assert (layout.qk_norm, layout.fused_qkv, layout.plus_one) == (kind in ("qwen3", "gemma3"), kind.startswith("phi3"),
+                                                                  kind.startswith("gemma"))
+    assert layout.softcap == (50.0 if kind == "gemma2" else None)
+
+
+def test_the_heads_probabilities_and_the_rows_it_reads_are_the_soft_capped_targets():
+    """Gemma 2 caps its logits (cap * tanh(logits / cap)): the head's drafts' logits and the verify rows an EAGLE
+    step reads are the target's own, capped, not lm_head(hidden) (same argmax, other probabilities)."""
+    from specdec_lib.mechanisms import kv_cache, verify
+    from specdec_lib.mechanisms.draft_tree import DraftTree
+
+    target = family_lm("gemma2", layers=2, seed=5, final_logit_softcapping=3.0)
+    ids = repeating_prompt(20, 1, 128)
+    with torch.no_grad():
+        out = target(input_ids=ids)
+        hidden = target.model(input_ids=ids).last_hidden_state[0]  # (T, d)
+        head = EagleHead.for_target(target)
+        assert torch.allclose(head.logits(target, hidden)[0], out.logits[0], atol=1e-12)
+        assert out.logits.abs().max() < 3.0 < (hidden @ target.lm_head.weight.T).abs().max()  # the cap bites
+        tree = DraftTree(int(ids[0, -1]), [3, 4], [-1, 0])
+        cache = kv_cache.new_cache(target)
+        prompt = ids[0].tolist()
+        rows = verify.forward_proposal(target, cache, verify.Proposal(tree, features=True), prompt)
+        want = target(input_ids=torch.tensor([prompt + [3, 4]])).logits[0, -3:]  # the root's row and the nodes'
+        assert torch.allclose(rows.full(), want, atol=1e-9) and torch.allclose(rows[1], want[1], atol=1e-9)
 
 
 def test_a_layer_decode_does_not_run_is_refused():
-    """Qwen3's per-head q/k norms are not in the written-out decode: a clear error, not silently other drafts."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    """OLMo 2's layer norms after attention and MLP only (no input norm): not in the written-out decode, a clear
+    error naming the parts, and `generate` refuses eagle by family and method with what to use instead; a model
+    whose logits are not a known function of the hidden state (Cohere's logit scale) is refused before that."""
+    from transformers import CohereConfig, CohereForCausalLM, Olmo2Config, Olmo2ForCausalLM
 
-    target = Qwen3ForCausalLM(Qwen3Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                          num_attention_heads=4, num_key_value_heads=2, head_dim=8)).eval()
-    with pytest.raises(ValueError, match="Llama-style decoder layers; Qwen3DecoderLayer has q_norm, k_norm"):
-        EagleHead.for_target(target).check_decodable()
+    common = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, eos_token_id=None)
+    olmo = Olmo2ForCausalLM(Olmo2Config(**common)).eval()
+    with pytest.raises(ValueError, match="cannot run Olmo2DecoderLayer: it lacks input_layernorm"):
+        EagleHead.for_target(olmo).check_decodable()
+    with pytest.raises(ValueError, match="'eagle' cannot decode with a olmo2 target: .*Olmo2DecoderLayer.*instead"):
+        generate("eagle", olmo, repeating_prompt(12, 0), 8)
+    cohere = CohereForCausalLM(CohereConfig(**common)).eval()
+    with pytest.raises(ValueError, match="a cohere target: .*logits are not a function.*instead"):
+        generate("eagle", cohere, repeating_prompt(12, 0), 8)
     EagleHead.for_target(random_lm("llama")).check_decodable()  # the layers decode runs pass
 
 

@@ -8,7 +8,8 @@ Every method of the one loop must give HF greedy's tokens (transformers' own sli
 token, or refuse at `generate` with an error naming the family, the method and what to use instead (`REFUSED`).
 A model whose cache has other stateful layers (LFM2's convolutions) is refused by every loop method.
 Controls: the window changes HF's tokens on these models, our masks without it lose, and full-width sliding layers
-(the masks alone) stay lossless; one sampling check; kv_cache.WindowedLayer by hand.
+(the masks alone) stay lossless; two sampling checks (EAGLE's on soft-capped Gemma 2); kv_cache.WindowedLayer by
+hand.
 """
 from __future__ import annotations
 
@@ -20,12 +21,12 @@ from specdec_lib.bench.lossless import lossless_check
 from specdec_lib.mechanisms import kv_cache, masks, verify
 from specdec_lib.mechanisms.draft_tree import ROOT, DraftTree
 
-from helpers import repeating_prompt, with_head
+from helpers import WINDOW, family_lm, repeating_prompt, with_head
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings("ignore::specdec_lib.tables.NoFrozenTableWarning")]
 
-WINDOW, PROMPT, NEW, VOCAB = 8, 40, 40, 128
+PROMPT, NEW, VOCAB = 40, 40, 128  # WINDOW: helpers.family_lm's default window
 LOOP = sorted(m for m in METHODS if METHODS[m].accepts("debug"))  # the loop's methods (HF's peers take no debug)
 SLIDING = ("qwen2", "qwen3", "gemma2", "gemma3", "mistral", "phi3")
 FAMILIES = ("llama",) + SLIDING
@@ -34,43 +35,8 @@ DRAFTING = {"card": dict(width=8), "card@tree": dict(width=4, tree=8), "draft_mo
             "draft_model@topk": dict(topk=4, gamma=8), "eagle": dict(head_ms=0.0)}
 CASES = sorted(set(LOOP) | set(DRAFTING))
 # (family or None for every sliding family, method) -> what the refusal must say besides the family and method
-# (EAGLE's head is one decoder layer of the target's family, and its fast decode runs Llama-style layers only)
-REFUSED = {(None, "fafo"): "use 'lookahead'", ("gemma2", "eagle"): "logits are not that",
-           ("gemma3", "eagle"): "logits are not that", ("qwen3", "eagle"): "has q_norm, k_norm",
-           ("phi3", "eagle"): "lacks q_proj"}
-
-
-def _config(family: str, layers: int, window: int, vocab: int, hidden: int):
-    from transformers import (Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config,
-                              Qwen3Config)
-
-    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  tie_word_embeddings=False, bos_token_id=0, eos_token_id=None, pad_token_id=0)
-    head_dim = dict(head_dim=hidden // 4)
-    qwen = dict(use_sliding_window=True, sliding_window=window, max_window_layers=1)  # layer 0 full, the rest slide
-    return {"llama": lambda: LlamaConfig(**common),
-            "qwen2": lambda: Qwen2Config(**common, **qwen),
-            "qwen3": lambda: Qwen3Config(**common, **qwen, **head_dim),
-            "gemma2": lambda: Gemma2Config(**common, **head_dim, sliding_window=window),
-            "gemma3": lambda: Gemma3TextConfig(**common, **head_dim, sliding_window=window, sliding_window_pattern=2),
-            "mistral": lambda: MistralConfig(**common, sliding_window=window),
-            "phi3": lambda: Phi3Config(**common, sliding_window=window)}[family]()
-
-
-def family_lm(family: str, layers: int = 3, seed: int = 0, window: int = WINDOW, vocab: int = VOCAB,
-              hidden: int = 32, logit_scale: float = 20.0):
-    """A random float64 causal LM of `family` (peaked: its output layer scaled), eval mode."""
-    from transformers import (Gemma2ForCausalLM, Gemma3ForCausalLM, LlamaForCausalLM, MistralForCausalLM,
-                              Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)
-
-    classes = dict(llama=LlamaForCausalLM, qwen2=Qwen2ForCausalLM, qwen3=Qwen3ForCausalLM, gemma2=Gemma2ForCausalLM,
-                   gemma3=Gemma3ForCausalLM, mistral=MistralForCausalLM, phi3=Phi3ForCausalLM)
-    torch.manual_seed(seed)
-    model = classes[family](_config(family, layers, window, vocab, hidden)).to(torch.float64).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(logit_scale)
-    return model
+# (EAGLE's head, one decoder layer of the target's family, runs on all seven: its refusals are in test_eagle.py)
+REFUSED = {(None, "fafo"): "use 'lookahead'"}
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +75,8 @@ def test_every_family_lossless_or_refused(pairs, case):
         result = run_case(case, family, target, draft, ids)
         assert result.new_tokens == generate("hf", target, ids, NEW).new_tokens, family
         accepted += result.stats["accepted"]
+        if case == "eagle":  # each family's head (its own layer kind, written out) drafts what its target accepts
+            assert result.stats["accepted"] > 0, family
     if case != "autoregressive":  # drafts were verified and accepted: the masked steps ran
         assert accepted > 0, case
 
@@ -161,6 +129,18 @@ def test_sampling_matches_the_target_distribution_on_a_sliding_window_model():
     report = lossless_check("draft_model", target, ids, length=3, n_samples=1500, draft=draft, temperature=0.7,
                             gamma=3)
     assert report.passed, str(report)
+
+
+def test_eagle_sampling_matches_a_soft_capped_target():
+    """EAGLE under sampling on Gemma 2 with a window shorter than the prompt and a strong final logit cap (3): the
+    walk draws from the target's capped distribution (verify.output_head); from lm_head(hidden) it would fail this
+    check by far (chi-square p ~ 1e-90 on these seeds)."""
+    target = with_head(family_lm("gemma2", 2, seed=3, window=4, vocab=8, hidden=16, final_logit_softcapping=3.0))
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 1, 2, 3]])
+    report = lossless_check("eagle", target, ids, length=3, n_samples=500, temperature=0.7, budget=4)
+    assert report.passed, str(report)
+    assert sum(generate("eagle", target, ids, 3, temperature=0.7, seed=s, budget=4).stats["accepted"]
+               for s in range(20)) > 5  # drafts are accepted: the check tests the walk over them
 
 
 def test_a_windowed_layer_keeps_every_position_and_reads_its_window():

@@ -8,8 +8,8 @@ Between steps the target's cache holds every committed token but the last (the *
    (+ side rows), their positions and ONE mask from masks.py's pieces (one per attention kind with sliding-window
    layers). A plain step or a chain (`causal_rows`) is a causal forward with transformers' mask (step 1: the
    prompt's prefill); a masked step after over PREFILL_ROWS tokens (always in FAFO's store) feeds prompt[:-1] first.
-2. `run_forward` keeps the rows of root, nodes and side rows; with `lazy` (PLAIN_HEAD_MODELS) it returns
-   `RowLogits`, projecting a row through the LM head only when read: the walk reads 1 + k of the 1 + n rows.
+2. `run_forward` keeps the rows of root, nodes and side rows; with `lazy` (PLAIN_HEAD_MODELS; features: also
+   the soft-capped, `output_head`) it returns `RowLogits`, projecting a row only when read: 1 + k of 1 + n rows.
 3. the verdict. No q (tables, prompt lookup, greedy drafts): `walk_tree` picks the target's token for the
    current row (argmax, or one seeded draw from p) and follows the SET of nodes spelling the accepted tokens
    (siblings may repeat a token), committing the first node of the deepest set; one draw per emitted token from
@@ -158,6 +158,53 @@ def lazy_head_ok(target) -> bool:
             and isinstance(target.get_output_embeddings(), torch.nn.Linear) and hasattr(target, "model"))
 
 
+# Model types whose logits are cap * tanh(lm_head(hidden) / cap), cap their config's final_logit_softcapping (no
+# cap when None: Gemma 3's default). The same argmax, other probabilities: RowLogits over the LM head alone would
+# sample from the wrong distribution, so only a proposer reading features (`output_head`) projects through the cap.
+SOFTCAPPED_HEAD_MODELS = {"gemma2", "gemma3_text"}
+
+
+def logit_softcap(target) -> float | None:
+    """The cap of the target's final logit soft-capping, or None where its logits are not capped."""
+    if getattr(target.config, "model_type", None) in SOFTCAPPED_HEAD_MODELS:
+        return getattr(target.config, "final_logit_softcapping", None)
+    return None
+
+
+def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """cap * tanh(logits / cap), as Gemma 2's forward computes it (the same ops, so the same rounding); the
+    logits themselves when cap is None."""
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+class SoftcappedHead:
+    """An LM head followed by final logit soft-capping: the target's own logits of its final hidden states."""
+
+    def __init__(self, linear, cap: float):
+        self.linear, self.cap, self.out_features = linear, cap, linear.out_features
+
+    def rows_free(self) -> int:
+        return self.linear.rows_free() if hasattr(self.linear, "rows_free") else 1
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        return softcap(self.linear(hidden), self.cap)  # (..., V)
+
+
+def output_head(target):
+    """hidden (..., H) -> the target's own logits (..., V), for a target whose logits are a function of its final
+    normed hidden state that this module knows (PLAIN_HEAD_MODELS: the LM head; SOFTCAPPED_HEAD_MODELS: the LM
+    head, then the cap); None for any other (a logit scale, a bias, a multimodal wrapper)."""
+    lm_head = target.get_output_embeddings()
+    if not (isinstance(lm_head, torch.nn.Linear) and hasattr(target, "model")):
+        return None
+    if lazy_head_ok(target):
+        return lm_head
+    if getattr(target.config, "model_type", None) in SOFTCAPPED_HEAD_MODELS:
+        cap = logit_softcap(target)
+        return lm_head if cap is None else SoftcappedHead(lm_head, cap)
+    return None
+
+
 # a masked step (a tree, side rows) after at most this many committed tokens the cache lacks (the prompt, on the
 # first step) feeds them in its own forward, masked with the rest; after more, a causal prefill comes first
 # (`prefill`): past this length the P x P mask of one combined forward costs more than a second forward does
@@ -236,12 +283,13 @@ class ForwardSpec(NamedTuple):
     device: torch.device
     lazy_ok: bool  # lazy_head_ok(target)
     layers: compat.AttentionLayers  # the decoder layers' attention kinds (sliding-window layers' masks)
+    head: object = None  # output_head(target): what a features proposal's rows project through (None: refused)
 
 
 def forward_spec(target) -> ForwardSpec:
     param = next(target.parameters())
     return ForwardSpec(attention_backend(target), param.dtype, param.device, lazy_head_ok(target),
-                       compat.attention_layers(target.config))
+                       compat.attention_layers(target.config), output_head(target))
 
 
 def forward_proposal(target, cache, proposal: Proposal, pending: list[int], lazy: bool = True,
@@ -256,9 +304,9 @@ def forward_proposal(target, cache, proposal: Proposal, pending: list[int], lazy
     if spec.backend == ATTENTION_NAME and spec.layers.sliding:
         raise ValueError("the store's attention (FAFO's layout) has no sliding window: a target with sliding-window "
                          "layers verifies through the loop's own cache")
-    if proposal.features and not spec.lazy_ok:
+    if proposal.features and spec.head is None:
         raise ValueError("this proposer reads the target's final hidden states, which needs a model whose logits "
-                         f"are lm_head(hidden) ({sorted(PLAIN_HEAD_MODELS)})")
+                         f"are a known function of them ({sorted(PLAIN_HEAD_MODELS | SOFTCAPPED_HEAD_MODELS)})")
     context = None
     # the prompt apart past PREFILL_ROWS, and always in the store (FAFO's fumble rows read the prompt's
     # compression, C(kv), which the prompt's prefill writes)
@@ -270,7 +318,7 @@ def forward_proposal(target, cache, proposal: Proposal, pending: list[int], lazy
                                  spec.device, cache, spec.layers)
     if proposal.features:
         before = len(pending) - 1  # committed rows fed with the root in this forward (a plain first step)
-        rows = run_forward(target, cache, inputs, keep + before, True, checked=True)
+        rows = run_forward(target, cache, inputs, keep + before, True, checked=True, head=spec.head)
         return RowLogits(rows.hidden[before:], rows.head, context if context is not None else rows.hidden[:before])
     return run_forward(target, cache, inputs, keep, lazy and spec.lazy_ok, checked=True)
 
@@ -288,12 +336,13 @@ def prefill(target, cache, tokens: list[int], spec: ForwardSpec, hidden: bool = 
     return None
 
 
-def run_forward(target, cache, inputs: dict, keep: int, lazy: bool = True, checked: bool = False):
+def run_forward(target, cache, inputs: dict, keep: int, lazy: bool = True, checked: bool = False, head=None):
     """The target's last `keep` rows: RowLogits when lazy (and lazy_head_ok; `checked`: the caller checked it),
-    else logits (keep, V)."""
+    projected through `head` (output_head(target); None: the LM head), else logits (keep, V)."""
     if lazy and (checked or lazy_head_ok(target)):
         hidden = compat.forward(target.model, cache=cache, use_cache=True, **inputs).last_hidden_state[0, -keep:]
-        return RowLogits(hidden, target.get_output_embeddings())  # hidden (keep, H), after the final norm
+        # hidden (keep, H), after the final norm
+        return RowLogits(hidden, head if head is not None else target.get_output_embeddings())
     return compat.forward(target, cache=cache, use_cache=True, logits_to_keep=keep, **inputs).logits[0]  # (keep, V)
 
 

@@ -22,7 +22,7 @@ the class doc says how a head forward is priced).
 
 Left out: EAGLE's recursive rejection sampling (sampling verifies the greedy top-k tree by the walk: lossless, a
 little lower acceptance); a head forward's price depending on its rows; batch size > 1. The head reads normed
-features (models/eagle_head.py).
+features; the families it runs on and its full-width attention: models/eagle_head.py.
 """
 from __future__ import annotations
 
@@ -104,15 +104,20 @@ class Eagle(Proposer):
         def refuse(why: str) -> ValueError:
             return ValueError(f"'eagle' cannot decode with a {family} target: {why}: use 'draft_model' with a small "
                               f"{family} draft, or 'cacheback' (no draft) instead")
-        if not verify.lazy_head_ok(req.target):  # refused before the head is looked for
-            raise refuse(f"its head drafts features that the target's LM head reads as lm_head(hidden), and "
-                         f"{family}'s logits are not that (e.g. soft-capped; the families whose logits are: "
-                         f"{sorted(verify.PLAIN_HEAD_MODELS)})")
-        # a head is one decoder layer of its target's family (EagleHead.for_target), which its fast decode must know
-        problem = decode_problem(self.head.layer if self.head is not None else req.target.model.layers[0])
+        if verify.output_head(req.target) is None:  # refused before the head is looked for
+            known = sorted(verify.PLAIN_HEAD_MODELS | verify.SOFTCAPPED_HEAD_MODELS)
+            raise refuse(f"its head drafts features that the target's output layer reads, and {family}'s logits "
+                         f"are not a function of its final hidden state this library knows (those of {known} are)")
+        # a head is one decoder layer of its target's family (EagleHead.for_target: its last layer), which the
+        # written-out decode must know (eagle_head.layer_layout)
+        problem = decode_problem(self.head.layer if self.head is not None else req.target.model.layers[-1])
         if problem:
             raise refuse(problem)
         head = self.head if self.head is not None else head_for(req.target)
+        try:
+            head.check_decodable()  # its final norm too (read once per head)
+        except ValueError as error:
+            raise refuse(str(error)) from None
         if head.config.hidden_size != req.target.config.hidden_size:
             raise ValueError(f"the head's width {head.config.hidden_size} is not the target's "
                              f"{req.target.config.hidden_size}")

@@ -7,22 +7,22 @@ token distribution out of it. Drafting deeper feeds the head its own predicted f
 
     row at position t:   fc([f_t ; embed(x_{t+1})])  ->  decoder layer  ->  norm  ->  f^_{t+1}  ->  lm_head -> x_{t+2}
 
-The head keeps its own KV cache over the committed text (rows whose features the target computed, exactly), so
-each step costs one head forward to catch up on the newly committed tokens plus one per draft depth.
 `EagleHead` is that head, built for a given target: the fc (2d -> d, initialised to f + embed), ONE decoder layer
-of the target's class and config (warm-started from its last layer), an RMSNorm (from its final norm), its rotary
-class; embeddings and LM head are the target's, never copied. `keep_ids` (optional, FR-Spec style): the tokens the
-head may draft, so the head's projection costs K rows, not V (the target still scores all).
-At decode time `EagleHead.decode` runs the same layer written out (fc, norm, attention, MLP, norm: equal to
-`forward`, a test checks) over a `HeadKV` (a kv_cache.GrowableKV plus a rotary table): a drafted depth costs the
-layer's arithmetic and weight reads without the framework's per-call work (cache object, rotary and mask modules,
-dispatch). Training and `forward` keep the framework's layer.
-On disk (`save_head` / `load_head`): eagle.json (the target's fingerprint, the keep set's size, training facts) and
-head.safetensors (float16); `head_for(target)` finds the shipped head trained for a target, loaded once per
-target object; `attach_head` gives a target one trained here (train_eagle.quick_head).
-Simplifications: Llama-family targets (`decode` reads Llama's module names: q/k/v/o_proj, gate/up/down_proj, the
-two RMSNorms; transformers 5.x layers); the feature is the target's final *normed* hidden state (what verify's
-RowLogits keeps), where EAGLE-1 reads the last layer's output before the norm; batch size 1 at decode time.
+of the target's class and config (warm-started from its last layer, rope of that layer's kind), a norm (from its
+final norm); the embedding (Gemma's sqrt(d) scale included) and the LM head (soft-capped where the target caps:
+verify.output_head) are the target's, never copied. `keep_ids` (optional, FR-Spec): the tokens it may draft.
+The head's layer attends to every row of its cache, even where the copied layer slides: the window is a cost
+device of the target (whose features carry the text beyond it), the head is trained on sequences shorter than
+a real window, and one attention kind keeps `forward`, `decode` and `HeadKV` alike.
+At decode time `EagleHead.decode` runs the same layer written out over a `HeadKV` (a kv_cache.GrowableKV plus a
+rotary table), without the framework's per-call work (cache object, rotary and mask modules, dispatch): equal to
+`forward` (a test checks, per family). It reads a `Layout` of the layer: Llama-style parts, Qwen3's and Gemma 3's
+per-head q/k norms, Phi-3's fused qkv_proj / gate_up_proj and partial rotary, Gemma's x * (1 + w) norms and
+sandwich norms, Gemma 2's soft-capped attention (eager arithmetic); a layer with other parts is refused by name.
+On disk (`save_head` / `load_head`): eagle.json (the target's fingerprint, facts) and head.safetensors (float16);
+`head_for(target)` finds the shipped head trained for a target; `attach_head` gives a target one trained here.
+Simplifications: the feature is the target's final *normed* hidden state (EAGLE-1 reads it before the norm);
+batch size 1 at decode time; transformers 5.x layers.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ import copy
 import hashlib
 import json
 import weakref
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -38,6 +39,7 @@ from torch.nn import functional as F
 
 from .. import compat
 from ..mechanisms.kv_cache import GrowableKV
+from ..mechanisms.verify import logit_softcap, softcap
 
 HEAD_JSON, HEAD_WEIGHTS = "eagle.json", "head.safetensors"
 
@@ -60,13 +62,19 @@ def target_fingerprint(target) -> str:
 class EagleHead(nn.Module):
     """fc([feature; embedding]) -> one decoder layer -> norm: the predicted next feature (see the module doc)."""
 
-    def __init__(self, config, layer_cls, norm_cls, rotary_cls, keep_ids: torch.Tensor | None = None):
+    def __init__(self, config, layer_cls, norm_cls, rotary_cls, keep_ids: torch.Tensor | None = None,
+                 layer_type: str | None = None):
         super().__init__()
         config = copy.deepcopy(config)
         config.num_hidden_layers = 1
-        config._attn_implementation = "sdpa"  # the head's own attention: plain SDPA with an explicit mask
+        if getattr(config, "layer_types", None) is not None:  # the copied layer's kind: its rope (Gemma 3's local
+            layer_type = layer_type or config.layer_types[-1]  # or global one); its window is not used
+            config.layer_types = [layer_type]
+        # the head's own attention: plain SDPA with an explicit mask; eager where the layer soft-caps its attention
+        # logits (Gemma 2: SDPA has no cap and would silently drop it)
+        config._attn_implementation = "eager" if getattr(config, "attn_logit_softcapping", None) else "sdpa"
         d = config.hidden_size
-        self.config = config
+        self.config, self.layer_type = config, layer_type
         self.fc = nn.Linear(2 * d, d, bias=False)
         self.layer = layer_cls(config, layer_idx=0)
         self.norm = norm_cls(d, eps=config.rms_norm_eps)
@@ -78,7 +86,8 @@ class EagleHead(nn.Module):
     def for_target(cls, target, keep_ids: torch.Tensor | None = None) -> "EagleHead":
         """A fresh head shaped for `target`, warm-started from its last layer and final norm."""
         inner = target.model
-        head = cls(target.config, type(inner.layers[0]), type(inner.norm), type(inner.rotary_emb), keep_ids)
+        kind = compat.attention_layers(target.config).types[-1]
+        head = cls(target.config, type(inner.layers[-1]), type(inner.norm), type(inner.rotary_emb), keep_ids, kind)
         head.layer.load_state_dict(inner.layers[-1].state_dict())
         head.norm.load_state_dict(inner.norm.state_dict())
         d = target.config.hidden_size
@@ -86,55 +95,95 @@ class EagleHead(nn.Module):
             head.fc.weight.copy_(torch.cat([torch.eye(d), torch.eye(d)], dim=1))
         return head.to(next(target.parameters()).dtype)
 
+    def new_cache(self):
+        """An empty transformers cache for `forward`: full-width, as the head's attention is (the module doc)."""
+        return compat.new_dynamic_cache()
+
+    def rope(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin), each (B, R, rotary dim), of the head's rotary at position_ids (B, R)."""
+        return compat.rotary_embeddings(self.rotary, x, position_ids, self.layer_type)
+
     def forward(self, features: torch.Tensor, embeds: torch.Tensor, position_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
         """features, embeds (B, R, d); position_ids (B, R); attention_mask bool (B, 1, R, K) or None (causal,
         no cache); returns the predicted normed features (B, R, d)."""
         x = self.fc(torch.cat([features, embeds], dim=-1))  # (B, R, d)
-        position_embeddings = self.rotary(x, position_ids)  # (cos, sin), each (B, R, head_dim)
+        position_embeddings = self.rope(x, position_ids)  # (cos, sin), each (B, R, rotary dim)
+        if self.config._attn_implementation == "eager":  # eager attention adds a float mask, and has no causal default
+            if attention_mask is None:
+                R = x.shape[1]
+                attention_mask = torch.ones(R, R, dtype=torch.bool, device=x.device).tril()[None, None]  # (1, 1, R, R)
+            attention_mask = torch.zeros(attention_mask.shape, dtype=x.dtype, device=x.device).masked_fill(
+                ~attention_mask, torch.finfo(x.dtype).min)  # (B, 1, R, K)
         out = compat.forward(self.layer, cache=cache, hidden_states=x, attention_mask=attention_mask,
                              position_ids=position_ids, use_cache=cache is not None,
                              position_embeddings=position_embeddings)
         out = out[0] if isinstance(out, tuple) else out  # older decoder layers return a tuple
         return self.norm(out)
 
+    def layout(self) -> "Layout":
+        """What `decode` runs of this head's layer and norm (read once); a clear error where it cannot run them."""
+        found = self.__dict__.get("_layout")
+        if found is None:
+            found = layer_layout(self.layer)
+            if isinstance(found, str):
+                raise ValueError(found)
+            final = _norm_offset(self.norm)
+            if final is None:
+                raise ValueError(f"EagleHead.decode cannot run the head's {type(self.norm).__name__}: not an RMSNorm "
+                                 "scaling by w or 1 + w")
+            found = self.__dict__["_layout"] = replace(found, final_plus_one=final)
+        return found
+
     def check_decodable(self) -> None:
         """A clear error where `decode` would not compute `forward` (a layer with parts it does not run)."""
-        problem = decode_problem(self.layer)
-        if problem:
-            raise ValueError(problem)
+        self.layout()
 
     def decode(self, features: torch.Tensor, embeds: torch.Tensor, positions: list[int], sees: torch.Tensor,
                kv: "HeadKV") -> torch.Tensor:
         """`forward` at decode time, written out: features, embeds (R, d); the rows' positions; sees bool
         (R, kv.length + R), what each row attends to (the rows' own keys last); appends the rows' keys and values
         to `kv`; returns the predicted normed features (R, d). The same layer, weights and math as `forward` (a
-        test compares them), without the framework's per-call work (cache objects, mask and rotary modules,
-        dispatch: the module doc)."""
-        layer, attn, mlp = self.layer, self.layer.self_attn, self.layer.mlp
+        test compares them, per family), without the framework's per-call work (the module doc)."""
+        lay, layer, attn, mlp = self.layout(), self.layer, self.layer.self_attn, self.layer.mlp
         R, (nh, nkv, hd) = features.shape[0], kv.heads
         x = self.fc(torch.cat([features, embeds], dim=-1))  # (R, d)
-        h = _rms_norm(layer.input_layernorm, x)
-        q = attn.q_proj(h).view(R, nh, hd).transpose(0, 1)  # (nh, R, hd)
-        k = attn.k_proj(h).view(R, nkv, hd).transpose(0, 1)  # (nkv, R, hd)
-        v = attn.v_proj(h).view(R, nkv, hd).transpose(0, 1)  # (nkv, R, hd)
-        cos, sin = kv.rotary(self, positions)  # (R, hd) each
-        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        h = _rms_norm(layer.input_layernorm, x, lay.plus_one)
+        if lay.fused_qkv:  # Phi-3: one projection, queries then keys then values
+            q, k, v = attn.qkv_proj(h).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+        else:
+            q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+        q = q.view(R, nh, hd).transpose(0, 1)  # (nh, R, hd)
+        k = k.view(R, nkv, hd).transpose(0, 1)  # (nkv, R, hd)
+        v = v.view(R, nkv, hd).transpose(0, 1)  # (nkv, R, hd)
+        if lay.qk_norm:  # Qwen3, Gemma 3: an RMSNorm over each head's dims, before the rotary
+            q, k = _rms_norm(attn.q_norm, q, lay.plus_one), _rms_norm(attn.k_norm, k, lay.plus_one)
+        cos, sin = kv.rotary(self, positions)  # (R, rotary dim) each
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         keys, values = kv.append(k, v)  # (nkv, L + R, hd): the cache with these rows last
-        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=sees[None, None],
-                                             scale=attn.scaling, enable_gqa=nkv != nh)  # (1, nh, R, hd)
-        x = x + attn.o_proj(out[0].transpose(0, 1).reshape(R, nh * hd))
-        h = _rms_norm(layer.post_attention_layernorm, x)
-        x = x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
-        return _rms_norm(self.norm, x)
+        if lay.softcap is None:
+            out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=sees[None, None],
+                                                 scale=attn.scaling, enable_gqa=nkv != nh)  # (1, nh, R, hd)
+        else:
+            out = _softcapped_attention(q[None], keys[None], values[None], sees, attn.scaling, lay.softcap)
+        a = attn.o_proj(out[0].transpose(0, 1).reshape(R, nh * hd))  # (R, d)
+        if lay.sandwich:  # Gemma: the attention's and the MLP's outputs are normed before the residual adds
+            x = x + _rms_norm(layer.post_attention_layernorm, a, lay.plus_one)
+            h = _rms_norm(layer.pre_feedforward_layernorm, x, lay.plus_one)
+            x = x + _rms_norm(layer.post_feedforward_layernorm, _mlp(mlp, h, lay), lay.plus_one)
+        else:
+            x = x + a
+            x = x + _mlp(mlp, _rms_norm(layer.post_attention_layernorm, x, lay.plus_one), lay)
+        return _rms_norm(self.norm, x, lay.final_plus_one)
 
     def logits(self, target, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(logits over the kept tokens or all V, the kept ids or None) of predicted features (..., d)."""
-        weight = target.get_output_embeddings().weight  # (V, d), the target's frozen head
+        """(logits over the kept tokens or all V, the kept ids or None) of predicted features (..., d), as the
+        target computes its own (soft-capped where it caps: the draft's probabilities are the target's kind)."""
+        weight, cap = target.get_output_embeddings().weight, logit_softcap(target)  # (V, d), the target's frozen head
         if not len(self.keep_ids):
-            return hidden @ weight.T, None  # (..., V)
+            return softcap(hidden @ weight.T, cap), None  # (..., V)
         if torch.is_grad_enabled():
-            return hidden @ weight[self.keep_ids].T, self.keep_ids  # (..., K)
+            return softcap(hidden @ weight[self.keep_ids].T, cap), self.keep_ids  # (..., K)
         # decoding: the kept rows gathered once per target weight, as a linear layer (packed like the target's)
         key = (weight.data_ptr(), weight.dtype, -1 if weight.is_inference() else weight._version)
         readout = self.__dict__.get("_readout")
@@ -145,13 +194,55 @@ class EagleHead(nn.Module):
             if is_prepacked(target):
                 prepack(layer)
             readout = self.__dict__["_readout"] = (key, layer)
-        return readout[1](hidden), self.keep_ids  # (..., K)
+        return softcap(readout[1](hidden), cap), self.keep_ids  # (..., K)
 
 
-def _rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
-    """A Llama RMSNorm module's output (normalised in float32, scaled in x's dtype) in one fused call."""
-    out = F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon)
+@dataclass(frozen=True)
+class Layout:
+    """What `EagleHead.decode` runs of a decoder layer (`layer_layout`): Llama's parts, or the variants below."""
+    fused_qkv: bool  # Phi-3's qkv_proj (queries, keys, values stacked), else q_proj, k_proj, v_proj
+    fused_mlp: bool  # Phi-3's gate_up_proj (gate, up stacked), else gate_proj, up_proj
+    act: str  # the MLP's activation: act_fn, or activation_fn (Phi-3)
+    qk_norm: bool  # per-head RMSNorms of queries and keys before the rotary (Qwen3, Gemma 3)
+    sandwich: bool  # Gemma's four norms: after attention, before and after the MLP
+    plus_one: bool  # the layer's RMSNorms scale by 1 + w (Gemma), else by w
+    softcap: float | None  # cap * tanh(score / cap) of the attention logits (Gemma 2), None: plain scores
+    final_plus_one: bool = False  # the head's final norm scales by 1 + w (set by EagleHead.layout)
+
+
+def _rms_norm(norm, x: torch.Tensor, plus_one: bool = False) -> torch.Tensor:
+    """An RMSNorm module's output in one fused call: normalised in float32, then scaled by w in x's dtype (Llama)
+    or by 1 + w in float32 before the cast (Gemma), as each module does."""
+    eps = norm.variance_epsilon if hasattr(norm, "variance_epsilon") else norm.eps
+    out = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)
+    if plus_one:
+        return (out * (1.0 + norm.weight.float())).to(x.dtype)
     return norm.weight * out.to(x.dtype)
+
+
+def _norm_offset(norm) -> bool | None:
+    """Whether `norm` scales by 1 + w (True: Gemma's) or by w (False: Llama's), read from what it computes on a
+    probe; None where it is neither (a LayerNorm, a norm without weight, ...)."""
+    weight = getattr(norm, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 1 or not (hasattr(norm, "variance_epsilon")
+                                                                       or hasattr(norm, "eps")):
+        return None
+    x = torch.randn(3, weight.numel(), generator=torch.Generator().manual_seed(0)).to(weight)  # (3, d)
+    with torch.no_grad():
+        got = norm(x)
+        for plus_one in (False, True):
+            if torch.allclose(got, _rms_norm(norm, x, plus_one), rtol=1e-2, atol=1e-3):
+                return plus_one
+    return None
+
+
+def _mlp(mlp, h: torch.Tensor, lay: Layout) -> torch.Tensor:
+    """down(act(gate(h)) * up(h)): (R, d) -> (R, d)."""
+    if lay.fused_mlp:
+        gate, up = mlp.gate_up_proj(h).chunk(2, dim=-1)  # (R, I) each
+    else:
+        gate, up = mlp.gate_proj(h), mlp.up_proj(h)  # (R, I) each
+    return mlp.down_proj(getattr(mlp, lay.act)(gate) * up)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -159,19 +250,82 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def decode_problem(layer) -> str | None:
-    """Why `EagleHead.decode` cannot run a head whose layer is `layer` (a decoder layer; a head is one of its
-    target's family: `for_target`), or None: it runs Llama-style layers only."""
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotary of x (heads, R, hd) at cos, sin (R, rotary dim): on the first rotary dims only where the rotary
+    is partial (Phi-3's partial_rotary_factor), the rest passed through."""
+    n = cos.shape[-1]
+    if n == x.shape[-1]:
+        return x * cos + _rotate_half(x) * sin
+    turned, kept = x[..., :n], x[..., n:]
+    return torch.cat([turned * cos + _rotate_half(turned) * sin, kept], dim=-1)
+
+
+def _softcapped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, sees: torch.Tensor,
+                          scale: float, cap: float) -> torch.Tensor:
+    """transformers' eager attention with soft-capped logits (Gemma 2), op for op: q (1, nh, R, hd); keys, values
+    (1, nkv, K, hd); sees bool (R, K); returns (1, nh, R, hd). SDPA has no cap."""
+    groups = q.shape[1] // keys.shape[1]
+    keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)  # (1, nh, K, hd)
+    scores = torch.matmul(q, keys.transpose(2, 3)) * scale  # (1, nh, R, K)
+    scores = torch.tanh(scores / cap) * cap
+    scores = scores.masked_fill(~sees, torch.finfo(scores.dtype).min)  # eager adds the dtype's min: the same
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)  # eager's float32 softmax
+    return torch.matmul(weights, values)
+
+
+_LAYER = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
+_SANDWICH = {"pre_feedforward_layernorm", "post_feedforward_layernorm"}
+
+
+def layer_layout(layer) -> "Layout | str":
+    """The `Layout` of a decoder layer (a head's is one of its target's family: `for_target`), or why
+    `EagleHead.decode` cannot run it: a part missing, or one it does not run (any other child module but
+    dropouts, which decode, run in eval mode, skips as forward does)."""
+    def parts(module) -> set[str]:
+        return {n for n, c in module.named_children() if not isinstance(c, nn.Dropout)} if module is not None else set()
+
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-    need = [(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "scaling")] + \
-        [(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")] + \
-        [(layer, n) for n in ("input_layernorm", "post_attention_layernorm")]
-    missing = [n for obj, n in need if not hasattr(obj, n)]
-    extra = [n for n in ("q_norm", "k_norm") if hasattr(attn, n)]  # Qwen3-style per-head norms
-    if missing or extra:
-        return (f"EagleHead.decode runs Llama-style decoder layers; {type(layer).__name__} "
-                f"{'lacks ' + ', '.join(missing) if missing else 'has ' + ', '.join(extra)}")
-    return None
+    have_layer, have_attn, have_mlp = parts(layer), parts(attn), parts(mlp)
+    fused_qkv, fused_mlp = "qkv_proj" in have_attn, "gate_up_proj" in have_mlp
+    qk_norm = bool({"q_norm", "k_norm"} & have_attn)
+    act = "activation_fn" if "activation_fn" in have_mlp else "act_fn"
+    need = {"layer": _LAYER | (_SANDWICH if _SANDWICH & have_layer else set()),
+            "attn": ({"qkv_proj"} if fused_qkv else {"q_proj", "k_proj", "v_proj"}) | {"o_proj"}
+            | ({"q_norm", "k_norm"} if qk_norm else set()),
+            "mlp": ({"gate_up_proj"} if fused_mlp else {"gate_proj", "up_proj"}) | {"down_proj", act}}
+    have = dict(layer=have_layer, attn=have_attn, mlp=have_mlp)
+    inner = dict(layer="", attn="self_attn.", mlp="mlp.")
+    missing = [inner[m] + n for m in need for n in sorted(need[m] - have[m])]
+    extra = [inner[m] + n for m in need for n in sorted(have[m] - need[m] - {"self_attn", "mlp"})]
+    if attn is not None and not hasattr(attn, "scaling"):
+        missing.append("self_attn.scaling")
+    why = []
+    if missing:
+        why.append("it lacks " + ", ".join(missing))
+    if extra:
+        why.append("it has " + ", ".join(extra) + ", which decode does not run")
+    if not why and not getattr(attn, "is_causal", True):
+        why.append("its attention is bidirectional")
+    if not why and qk_norm:
+        hd = getattr(attn, "head_dim", None)
+        if any(getattr(norm, "weight", torch.zeros(0)).numel() != hd for norm in (attn.q_norm, attn.k_norm)):
+            why.append("its q_norm, k_norm span the whole projection, not one head")
+    if not why:
+        norms = [getattr(layer, n) for n in sorted(need["layer"] - {"self_attn", "mlp"})]
+        norms += [attn.q_norm, attn.k_norm] if qk_norm else []
+        styles = {_norm_offset(norm) for norm in norms}
+        if None in styles or len(styles) > 1:
+            why.append("its norms are not RMSNorms scaling alike by w or by 1 + w")
+    if why:
+        return f"EagleHead.decode cannot run {type(layer).__name__}: {'; '.join(why)}"
+    return Layout(fused_qkv, fused_mlp, act, qk_norm, bool(_SANDWICH & have_layer), styles.pop(),
+                  getattr(attn, "attn_logit_softcapping", None))
+
+
+def decode_problem(layer) -> str | None:
+    """Why `EagleHead.decode` cannot run a head whose layer is `layer` (`layer_layout`), or None."""
+    found = layer_layout(layer)
+    return found if isinstance(found, str) else None
 
 
 class HeadKV(GrowableKV):
@@ -193,12 +347,12 @@ class HeadKV(GrowableKV):
         return keys[0], values[0]
 
     def rotary(self, head: "EagleHead", positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin) (R, hd) of the R `positions`, from the head's own rotary module, tabled."""
+        """(cos, sin) (R, rotary dim) of the R `positions`, from the head's own rotary module, tabled."""
         top = max(positions) + 1
         if top > self.cos.shape[0]:
             size = max(top, 2 * self.cos.shape[0], 256)
             ids = torch.arange(size, device=self.keys.device)[None]  # (1, size)
-            cos, sin = head.rotary(self.keys[:, :1, :1], ids)  # (1, size, hd) each
+            cos, sin = head.rope(self.keys[:, :1, :1], ids)  # (1, size, rotary dim) each
             self.cos, self.sin = cos[0], sin[0]
         if positions == list(range(positions[0], top)):  # consecutive (a catch-up): slices, no gather
             return self.cos[positions[0]:top], self.sin[positions[0]:top]
