@@ -356,7 +356,9 @@ def test_a_drafter_on_the_cpu_beside_the_target(models, mode):
 def test_auto_width_never_judges_drafting_by_the_prompts_prefill(models, monkeypatch):
     """width="auto" judges drafted steps by their measured time against plain ones: the first step's time is the
     prompt's prefill (tens of plain steps on a long prompt), not a drafted step's, so it is never recorded (it
-    used to turn the drafting off before any drafted step was seen)."""
+    used to turn the drafting off before any drafted step was seen). In sync mode that step is plain, and the
+    drafter's own prefill of the prompt runs in the first drafted step, which is recorded: it is what trying the
+    draft costs."""
     from specdec_lib.mechanisms.budget.side import SideBudget
 
     target, _, ids = models
@@ -365,9 +367,10 @@ def test_auto_width_never_judges_drafting_by_the_prompts_prefill(models, monkeyp
     monkeypatch.setattr(SideBudget, "record", lambda self, *a: records.append(a) or record(self, *a))
     result = generate("card", target, ids, 24, draft=target, debug=True)  # a self-draft: drafting pays
     steps = result.stats["steps"]
-    assert steps[0]["hit"] is not None  # the first step drafted (the warm-up is on) ...
+    assert steps[0]["hit"] is None and steps[0]["tree_size"] == 0  # the prompt's step is plain ...
+    assert steps[1]["hit"] is not None  # ... the next one drafts (the warm-up is on) ...
     drafted = [s for s in steps[1:] if s["hit"] is not None]  # (a plain step's hit is None)
-    assert len(records) == len(drafted) > 0  # ... and only the later drafted steps were judged
+    assert len(records) == len(drafted) > 0  # ... and every drafted step was judged
 
 
 def test_a_drafter_process_drafts_after_the_parent_ran_threads(models):

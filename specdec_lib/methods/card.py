@@ -176,7 +176,10 @@ class Card(Proposer):
 
     def propose(self, state: LoopState, max_depth: int) -> Proposal:
         self._t_propose = time.perf_counter()
-        if self.side is not None and not self.side.choose(len(state.committed)):
+        # sync mode under width="auto": the prompt's step is plain, so the drafter's prefill of the prompt runs in
+        # the first drafted step, where the warm-up's allowance counts it (it is what trying the draft costs)
+        first = self._prefill and self.side is not None and self.mode == "sync"
+        if first or (self.side is not None and not self.side.choose(len(state.committed))):
             self.drafting = False  # a plain step; the drafter waits as it is
             self.plain_steps += 1
             info = dict(draft_size=0, card_nodes=0, card_layers=0, hit=None)
