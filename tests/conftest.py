@@ -16,6 +16,7 @@ import torch
 from specdec_lib.mechanisms.budget.cost_curve import ESTIMATE_ENV
 
 KERNEL_MODULES = {"test_notebooks.py", "test_browser.py", "test_gpu_report.py"}  # they start Jupyter kernels
+ONE_MODEL_MODULES = {"test_gemma_real.py"}  # their tests share one large model (a module fixture): one worker
 KERNEL_TIMEOUT_S = 3600  # the first test to read a workbook builds it (every notebook, one after the other)
 
 
@@ -49,10 +50,10 @@ def pytest_collection_modifyitems(config, items):
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """Tests one by one to whichever worker is free, but every test of KERNEL_MODULES to one worker (the tiny
-    workbook is a session fixture: built once, on that worker), the real pair's workbook tests to one worker too
-    (where a free one can build it beside the tiny workbook). xdist's own `--dist loadgroup` would do this with
-    an xdist_group mark, but under pytest 9 its group never reaches the scheduler (it renames `item._nodeid`, which
-    pytest 9 no longer reads)."""
+    workbook is a session fixture: built once, on that worker), each of ONE_MODEL_MODULES to one worker (its model
+    loaded once), the real pair's workbook tests to one worker too (where a free one can build it beside the tiny
+    workbook). xdist's own `--dist loadgroup` would do this with an xdist_group mark, but under pytest 9 its group
+    never reaches the scheduler (it renames `item._nodeid`, which pytest 9 no longer reads)."""
     from pathlib import PurePosixPath
 
     from xdist.scheduler import LoadScopeScheduling
@@ -62,6 +63,8 @@ def pytest_xdist_make_scheduler(config, log):
             if "::test_notebook_runs_on_the_real_pair[" in nodeid:
                 return "real pair's workbook"  # the one reader of smol_workbook: beside the tiny workbook
             path = nodeid.split("::", 1)[0]
+            if PurePosixPath(path).name in ONE_MODEL_MODULES:
+                return path  # loaded once, not once per worker
             return "kernels" if PurePosixPath(path).name in KERNEL_MODULES else nodeid
 
     return KernelsTogether(config, log)

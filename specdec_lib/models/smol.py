@@ -82,46 +82,58 @@ def ensure_smol_dir(progress: bool = True) -> Path:
 
     A directory written earlier from the same GGUF (same size and content hash: `_source_stamp`) is reused as it is."""
     source = gguf_path()
-    out = smol_dir()
+    return dequantised_dir(smol_dir(), _source_stamp(source), lambda scratch: source, SMOL_NAME, "load_models('smol')",
+                           INSTALL_HINT, progress)
+
+
+def dequantised_dir(out: Path, stamp: dict, gguf, name: str, caller: str, hint: str, progress: bool = True) -> Path:
+    """`out`: a model directory (config, float32 safetensors, tokenizer) that transformers reads from a GGUF file,
+    written once and reused while its source.json holds `stamp` (what identifies the GGUF, without reading it).
+
+    gguf(scratch) gives the GGUF file's path; it may write the file into `scratch`, a folder next to `out` removed
+    afterwards (a GGUF shipped in parts is assembled there). `caller` and `hint` go into the missing-package
+    errors (what was asked for, how to install). Also used by gemma.py."""
     stamp_file = out / "source.json"
 
     def written() -> bool:  # a directory written from this GGUF is there
-        return stamp_file.is_file() and json.loads(stamp_file.read_text()) == _source_stamp(source)
+        return stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp
 
     if written():
         return out
     for module, why in (("gguf", "reads the GGUF file"), ("accelerate", "transformers asks for it to load a GGUF")):
         if importlib.util.find_spec(module) is None:
-            raise ValueError(f"load_models('smol') needs the `{module}` package ({why}): {INSTALL_HINT}")
+            raise ValueError(f"{caller} needs the `{module}` package ({why}): {hint}")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    if progress:
-        print(f"{SMOL_NAME}: dequantising {source.name} once into {out} (about 20 s) ...", flush=True)
-    bars = hf_logging.is_progress_bar_enabled()
-    if not progress:
-        hf_logging.disable_progress_bar()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-        loaded = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
-    finally:
-        if bars and not progress:
-            hf_logging.enable_progress_bar()
-    # A GGUF-loaded model refuses save_pretrained ("quantized with gguf"): rebuild it from a clean config.
-    config = loaded.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    config.name_or_path = SMOL_NAME
-    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    fresh.load_state_dict(loaded.state_dict())
-    fresh.generation_config = loaded.generation_config
     out.parent.mkdir(parents=True, exist_ok=True)
+    bars = hf_logging.is_progress_bar_enabled()
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:  # written whole, then moved: no half-written cache
+        source = Path(gguf(Path(tmp)))
+        if progress:
+            print(f"{name}: dequantising {source.name} once into {out} ...", flush=True)
+        if not progress:
+            hf_logging.disable_progress_bar()
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+            loaded = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
+        finally:
+            if bars and not progress:
+                hf_logging.enable_progress_bar()
+        # A GGUF-loaded model refuses save_pretrained ("quantized with gguf"): rebuild it from a clean config.
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.name_or_path = name
+        fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        fresh.load_state_dict(loaded.state_dict())
+        fresh.generation_config = loaded.generation_config
+        del loaded
         staging = Path(tmp) / "model"
         fresh.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        (staging / "source.json").write_text(json.dumps(_source_stamp(source)))
+        (staging / "source.json").write_text(json.dumps(stamp))
         if written():
             return out  # another process (a notebook run beside this one) wrote it meanwhile: theirs is as good
         if out.exists():
