@@ -117,7 +117,7 @@ comma := ,
 bench-never: $(STAMP)
 	for suite in code editing; do $(BIN)/python -m specdec_lib.bench --models tiny --suite $$suite --methods $(NEVER_TINY) --max-new-tokens 128 --limit 12 --repeats 1 --no-progress --out data/results --tag cpu_never || exit 1; done
 	for suite in humaneval editing; do $(BIN)/python -m specdec_lib.bench --models smol --suite $$suite --methods $(NEVER_SMOL) --max-new-tokens 96 --limit 6 --repeats 1 --no-progress --out data/results --tag cpu_never_smol || exit 1; done
-	for suite in rename chat translation; do $(BIN)/python -m specdec_lib.bench --models smol --suite $$suite --methods $(NEVER_UNSEEN) --max-new-tokens 96 --limit 6 --repeats 1 --no-progress --out data/results --tag cpu_never_smol || exit 1; done
+	for suite in rename chat translation; do $(BIN)/python -m specdec_lib.bench --models smol --suite $$suite --methods $(NEVER_UNSEEN) --max-new-tokens 96 --limit 4 --repeats 1 --no-progress --out data/results --tag cpu_never_smol || exit 1; done
 	$(BIN)/python -m specdec_lib.bench.long_context --lengths 8192 --methods $(NEVER_LONG) --prompts 2 --max-new-tokens 96 --out data/results --tag cpu_never
 	$(BIN)/python -m specdec_lib.bench.compare --never --readme README.md
 
