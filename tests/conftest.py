@@ -43,7 +43,7 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if "smoke_workbook" in item.fixturenames or "smol_workbook" in item.fixturenames:
+        if {"smoke_workbook", "smol_workbook", "sliding_workbook"} & set(item.fixturenames):
             item.add_marker(pytest.mark.timeout(KERNEL_TIMEOUT_S))
 
 
@@ -133,6 +133,25 @@ def smol_workbook(tmp_path_factory):
         runs = run_notebooks.run_all(out, smoke=True, timeout=600, log=lambda *a, **k: None,
                                      params={"MODELS": "smol"}, skip_exercises=True, jobs=NOTEBOOK_JOBS)
     return {"out": out, "runs": {run.name: run for run in runs}}
+
+
+@pytest.fixture(scope="session")
+def sliding_workbook(tmp_path_factory):
+    """Every notebook executed once in SMOKE mode with MODELS = (target_dir, draft_dir), two local directories of a
+    random Gemma 3 pair (sliding-window and full attention layers; helpers.sliding_pair_dirs), as a user would pass
+    their own pair: {"out": folder, "models": the two directories, "runs": {notebook name: NotebookRun}}."""
+    from helpers import sliding_pair_dirs
+
+    from specdec_lib.workbook import run_notebooks
+
+    models = sliding_pair_dirs(tmp_path_factory.mktemp("sliding_pair"))
+    out = tmp_path_factory.mktemp("workbook_sliding")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv(ESTIMATE_ENV, raising=False)
+        mp.setenv("JUPYTER_DATA_DIR", str(tmp_path_factory.mktemp("jupyter_data_sliding")))
+        runs = run_notebooks.run_all(out, smoke=True, timeout=600, log=lambda *a, **k: None,
+                                     params={"MODELS": models}, jobs=NOTEBOOK_JOBS)
+    return {"out": out, "models": models, "runs": {run.name: run for run in runs}}
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,6 +1,7 @@
 """Helpers the tests share (imported as `from helpers import ...`; fixtures live in conftest.py): prompts, small
 random float64 models built in memory (random_lm: Llama and Qwen2; family_lm: every family of the family matrix),
-an EAGLE head for them, and table checks.
+an EAGLE head for them, table checks, and a random sliding-window pair written to disk as a user's two model
+directories (`sliding_pair_dirs`).
 
 Random-init LMs are nearly uniform; tests that need peaked distributions scale the output layer."""
 from __future__ import annotations
@@ -119,3 +120,48 @@ def all_match_hf(table, column: str = "all_match_hf", key: str = "method") -> bo
     """Every row but hf's reproduced hf's tokens, and hf's own rows are not compared with themselves (None)."""
     reference = table[key] == "hf"
     return bool(table.loc[~reference, column].astype(bool).all()) and bool(table.loc[reference, column].isna().all())
+
+
+SLIDING_WINDOW = 32  # the sliding pair's window: shorter than the SMOKE prompts, so every run decodes across it
+
+
+def sliding_pair_dirs(root, seed: int = 0, window: int = SLIDING_WINDOW):
+    """(target_dir, draft_dir): a random Gemma 3 pair (Gemma3ForCausalLM, sliding and full attention layers
+    alternating, `window` tokens) saved in float32 as two model directories a user would pass as
+    MODELS = (target_dir, draft_dir), each with the shipped tiny pair's tokenizer (its 4096 ids: the vocabulary).
+
+    The target has 4 layers of width 64; the draft is its first 2 layers with its embeddings, final norm and output
+    layer (an exit draft, as the smol pair's), so it agrees with the target on about a third of the tokens and
+    speculation has something to accept. Embeddings are drawn wider (std 0.4) and the output layer scaled by 20 so
+    the distributions are peaked (a random LM's are nearly uniform). Seeded: the same seed writes the same weights;
+    the global RNG is left as it was."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig
+
+    from specdec_lib.env import TINY_DIR
+
+    tokenizer = AutoTokenizer.from_pretrained(TINY_DIR / "target")
+    vocab = len(tokenizer)
+    special = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+
+    def config(layers: int):
+        return Gemma3TextConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                                num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=window,
+                                layer_types=["sliding_attention", "full_attention"] * (layers // 2),
+                                max_position_embeddings=1024, tie_word_embeddings=False, bos_token_id=special,
+                                eos_token_id=special, pad_token_id=special)
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        target = Gemma3ForCausalLM(config(4)).float().eval()
+        with torch.no_grad():
+            target.model.embed_tokens.weight.normal_(0.0, 0.4)
+            target.lm_head.weight.mul_(20.0)
+    draft = Gemma3ForCausalLM(config(2)).float().eval()
+    draft.load_state_dict({k: v for k, v in target.state_dict().items() if k in draft.state_dict()})
+    dirs = Path(root) / "gemma3-sliding-target", Path(root) / "gemma3-sliding-draft"
+    for model, folder in zip((target, draft), dirs):
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    return tuple(str(d) for d in dirs)

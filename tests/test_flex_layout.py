@@ -256,8 +256,11 @@ def test_bad_input_is_refused():
     sliding = Qwen2ForCausalLM(Qwen2Config(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                                            num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True,
                                            sliding_window=8, max_window_layers=0))
-    with pytest.raises(ValueError, match="full-attention layers only"):
-        fl.attach(sliding)
+    before = sliding.config._attn_implementation
+    for refuse in (fl.check_model, fl.attach):  # check_model: attach's refusal, asked first (notebook 05)
+        with pytest.raises(ValueError, match="full-attention layers only"):
+            refuse(sliding)
+    assert sliding.config._attn_implementation == before and fl.check_model(model) is None
     with pytest.raises(ValueError, match="empty"):
         greedy_through_store(model, fl.FlexLayoutStore(model, capacity=64, block=16,
                                                           compression=StreamingLLM(2, 6)), [], 3)

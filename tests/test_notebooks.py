@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from pathlib import Path
 from queue import Empty
 from types import SimpleNamespace
 
 import nbformat
 import pytest
+import torch
 
 from specdec_lib.workbook import offline_views, run_notebooks
 
@@ -78,6 +80,55 @@ def test_notebook_runs_on_the_real_pair(path, smol_workbook):
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors, [f"{e.ename}: {e.evalue}" for e in errors]
     assert not run.stderr, run.stderr
+
+
+# where the sliding-window pair takes another path: the refusal a notebook prints before it goes on on the tiny pair
+SLIDING_REFUSALS = {"05_flexattention_block_layout.ipynb": "the store holds full-attention layers only",
+                    "06_fumble_decoding.ipynb": "'fafo' cannot decode with a gemma3_text target"}
+
+
+def test_the_sliding_pair_is_two_model_directories_a_user_could_pass(tmp_path):
+    """helpers.sliding_pair_dirs: seeded (the same weights twice), float32 on disk, the tiny pair's tokenizer in both
+    folders, and load_models((target_dir, draft_dir)) reads a Gemma 3 pair whose sliding window the SMOKE prompts
+    cross (what sliding_workbook runs every notebook on)."""
+    from helpers import SLIDING_WINDOW, sliding_pair_dirs
+
+    from specdec_lib import bench, load_models
+
+    first, second = sliding_pair_dirs(tmp_path / "a"), sliding_pair_dirs(tmp_path / "b")
+    for a, b in zip(first, second):
+        assert (Path(a) / "model.safetensors").read_bytes() == (Path(b) / "model.safetensors").read_bytes()
+    pair = load_models(first, device="cpu")
+    layers = {type(pair.target).__name__, pair.target.config.model_type, next(pair.target.parameters()).dtype}
+    assert layers == {"Gemma3ForCausalLM", "gemma3_text", torch.float32}, layers
+    for model in (pair.target, pair.draft):
+        assert set(model.config.layer_types) == {"sliding_attention", "full_attention"}
+        assert model.config.sliding_window == SLIDING_WINDOW
+    assert pair.tokenizer.get_vocab() == load_models("tiny", device="cpu").tokenizer.get_vocab()
+    shortest = min(pair.encode_prompt(p).shape[1] for p in bench.load_suite("code", limit=2))
+    assert shortest > 2 * SLIDING_WINDOW, shortest
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_on_a_sliding_window_pair(path, sliding_workbook):
+    """MODELS = two local directories of a random Gemma 3 pair (sliding_workbook): the same notebook with no error
+    cell. Where the pair takes another path (SLIDING_REFUSALS: the FlexAttention store and FAFO have no window) the
+    notebook prints the library's refusal and goes on on the shipped tiny pair. Nothing on stderr. In make test-full only (minutes of kernels); the methods on sliding-window families are checked in make test by
+    tests/test_family_matrix.py, and the notebooks on the tiny pair by test_notebook_runs_in_smoke_mode."""
+    run = sliding_workbook["runs"][path.name]
+    assert run.ok, f"{run.name} failed with MODELS={sliding_workbook['models']}:\n{run.error}"
+    nb = nbformat.read(run.output, as_version=4)
+    injected = [c for c in nb.cells if run_notebooks.INJECTED_TAG in c.metadata.get("tags", [])]
+    assert len(injected) == 1 and "gemma3-sliding-target" in injected[0].source
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.execution_count is not None for c in code), "some cells did not run"
+    errors = [o for c in code for o in c.outputs if o.output_type == "error"]
+    assert not errors, [f"{e.ename}: {e.evalue}" for e in errors]
+    assert not run.stderr, run.stderr
+    if path.name in SLIDING_REFUSALS:
+        printed = "".join(o.get("text", "") for c in code for o in c.outputs if o.output_type == "stream")
+        assert SLIDING_REFUSALS[path.name] in printed and "shipped tiny pair instead" in printed
 
 
 def test_index_links_every_notebook_and_its_figures(smoke_workbook):

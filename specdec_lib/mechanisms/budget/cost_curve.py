@@ -29,7 +29,6 @@ import bisect
 import hashlib
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -161,7 +160,7 @@ class CostCurve:
         # said aloud: at a long prefix this takes seconds, paid once per machine + model + prefix, and a first
         # generation that seems slow should say why
         print(f"budget 'auto': timing this machine's target forwards of {', '.join(map(str, rows))} rows after "
-              f"{prefix} cached tokens, once; cached at {path}", file=sys.stderr, flush=True)
+              f"{prefix} cached tokens, once; cached at {path}", flush=True)  # stdout: a notice, not a warning
         table = verify_cost(model, rows, prefix=prefix, repeats=repeats, warmup=2)
         curve = _MEMO[digest] = cls(table["rows"].tolist(), table["median_ms"].tolist(), key)  # floored at t(1)
         path.parent.mkdir(parents=True, exist_ok=True)

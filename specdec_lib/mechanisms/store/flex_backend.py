@@ -143,10 +143,10 @@ def layout_attention(module, query, key, value, attention_mask, scaling=None, dr
     return out.transpose(1, 2).contiguous(), None
 
 
-def attach(model):
-    """Switch `model` to the store's attention function; returns the previous implementation's name."""
-    from transformers import AttentionInterface
-
+def check_model(model) -> None:
+    """The ValueError `attach` raises for a model the store cannot serve (one that takes no custom attention
+    function, or has other than full-attention layers), before anything is changed; None where it can (notebook 05
+    asks first, to decode through another target)."""
     cfg = model.config
     if not getattr(model, "_supports_attention_backend", False):
         raise ValueError(f"{type(model).__name__} does not take custom attention functions "
@@ -155,6 +155,15 @@ def attach(model):
     if kinds != {"full_attention"} or getattr(cfg, "use_sliding_window", False):
         raise ValueError(f"the store holds full-attention layers only; this model has {sorted(kinds)}"
                          f"{' and a sliding window' if getattr(cfg, 'use_sliding_window', False) else ''}")
+
+
+def attach(model):
+    """Switch `model` to the store's attention function (`check_model` first); returns the previous
+    implementation's name."""
+    from transformers import AttentionInterface
+
+    check_model(model)
+    cfg = model.config
     previous = getattr(cfg, "_attn_implementation", None) or "sdpa"
     AttentionInterface.register(ATTENTION_NAME, layout_attention)
     model.set_attn_implementation(ATTENTION_NAME)

@@ -32,10 +32,10 @@ from ...env import check_int
 from .. import masks
 from .attention import ATTENTION_MODES, make_mode
 from .compression import CacheView, Compression, StreamingLLM
-from .flex_backend import ATTENTION_NAME, attach, block_mask_from_tables, block_table, flex
+from .flex_backend import ATTENTION_NAME, attach, block_mask_from_tables, block_table, check_model, flex
 
 __all__ = ["ATTENTION_MODES", "ATTENTION_NAME", "BLOCK", "CacheView", "FlexLayoutStore", "LayoutSnapshot", "attach",
-           "below", "block_table", "flex", "own_rows", "rows_where"]
+           "below", "block_table", "check_model", "flex", "own_rows", "rows_where"]
 
 BLOCK = 128
 
