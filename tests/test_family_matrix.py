@@ -30,9 +30,11 @@ PROMPT, NEW, VOCAB = 40, 40, 128  # WINDOW: helpers.family_lm's default window
 LOOP = sorted(m for m in METHODS if METHODS[m].accepts("debug"))  # the loop's methods (HF's peers take no debug)
 SLIDING = ("qwen2", "qwen3", "gemma2", "gemma3", "mistral", "phi3")
 FAMILIES = ("llama",) + SLIDING
-# settings under which each method drafts whatever this machine's costs (the tree variants: the drafts' own masks)
+# settings under which each method drafts whatever this machine's costs (fixed budgets: an "auto" one stops
+# drafting where the clock says it loses, budget/guard.py) (the tree variants: the drafts' own masks)
 DRAFTING = {"card": dict(width=8), "card@tree": dict(width=4, tree=8), "draft_model": dict(gamma=4),
-            "draft_model@topk": dict(topk=4, gamma=8), "eagle": dict(head_ms=0.0)}
+            "draft_model@topk": dict(topk=4, gamma=8), "eagle": dict(budget=8), "prompt_lookup": dict(num_tokens=4),
+            "cacheback": dict(tdl=16), "lookahead": dict(guesses=7, window=5), "fafo": dict(streams=4, candidates=8)}
 CASES = sorted(set(LOOP) | set(DRAFTING))
 # (family or None for every sliding family, method) -> what the refusal must say besides the family and method
 # (EAGLE's head, one decoder layer of the target's family, runs on all seven: its refusals are in test_eagle.py)

@@ -185,7 +185,7 @@ class Fafo(Proposer):
         # is regrown each step (window: a few small tries), so none is estimated unseen, at the verified yield
         self.budget.start(state.request, lambda curve: TreeBudget(
             curve, ladder, context=len(prompt), cheap_rows=self.n * self.k, cheap_context=self.compression.kv_budget,
-            window=len(ladder)))
+            window=len(ladder)), guard=self.streams_auto)  # fixed streams run every step: no step would be plain
 
     def target_cache(self, state: LoopState):
         req = state.request

@@ -105,7 +105,8 @@ class Lookahead(Proposer):
         rng = random.Random(self.seed)  # own RNG: the window never touches the request's generator
         # level 0 is wider by the N-2 columns the warm-up steps drop; one level until the window fills
         self.levels = [[rng.choice(prompt) for _ in range(self.W + self.N - 2)]]
-        self.budget.start(state.request, lambda curve: TreeBudget(curve, GUESS_LADDER, context=len(prompt)))
+        self.budget.start(state.request, lambda curve: TreeBudget(curve, GUESS_LADDER, context=len(prompt)),
+                          guard=self.window_auto)  # a fixed window runs every step: no step would be plain
         # the pool keeps the most the ladder may propose; the chooser picks how many
         cap = GUESS_LADDER[-1] if self.budget.auto else self.G
         self.pool = NgramPool(cap)

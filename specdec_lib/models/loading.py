@@ -65,7 +65,8 @@ class ModelPair:
 
     def chat_text(self, prompt: str, category: str | None = None) -> str:
         """`prompt` as the model expects it: for a chat model, one user turn (the suite's instruction, then the
-        prompt in a code block; an UNSEEN_SUITES prompt is the turn itself) and the assistant's opening, by the tokenizer's own template; else as it is."""
+        prompt in a code block; an UNSEEN_SUITES prompt is the turn itself) and the assistant's opening, by the
+        tokenizer's own template; else as it is."""
         if not self.chat:
             return prompt
         if category in UNSEEN_SUITES:

@@ -133,12 +133,14 @@ class Budget:
         """The curve injected as `name`, or `model`'s measured here (cost_curve.resolve_curve)."""
         return resolve_curve(self.costs.get(name), model, upto)
 
-    def start(self, request, build: Callable) -> None:
+    def start(self, request, build: Callable, guard: bool = True) -> None:
         """A new generation: under "auto", build(curve) -> the chooser, over the target's curve up to the
         context `request` reaches; a fixed value keeps its `Fixed`. The guard watches a measured curve's choices
-        under greedy decoding (an injected curve is taken as given, and a seed's draws follow no clock)."""
+        under greedy decoding (an injected curve is taken as given, and a seed's draws follow no clock);
+        guard=False where the method's steps run side rows the guard cannot stop (a fixed window or streams: no
+        step of it is plain, so none would price a plain step)."""
         self.chooser = build(self.curve(request.target, reach(request))) if self.auto else Fixed(self.value)
-        timed = self.auto and request.sampling.greedy and self.costs.get("costs") is None
+        timed = guard and self.auto and request.sampling.greedy and self.costs.get("costs") is None
         self.guard = Guard() if timed else None
 
     def may_draft(self) -> bool:

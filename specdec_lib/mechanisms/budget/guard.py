@@ -11,8 +11,9 @@ and plain steps apart. Drafting goes on while
     decayed sum(tokens, drafted steps) / sum(ms, drafted steps)  >=  1 / (decayed mean ms of a plain step)
 
 judged after `judge_after` drafted steps of a trial, then at every drafted step. When it does not hold the method
-takes plain steps (its chooser is not asked: `Budget.choose` says 0, side rows stay off) until the next trial, which waits until `trial_share` of the plain
-time since covers what the last trial lost (choosers.trial_wait), so trying costs a bounded share of the time. A
+takes plain steps (its chooser is not asked: `Budget.choose` says the plain size, side rows stay off) until the
+next trial, which waits until `trial_share` of the plain time since covers what the last trial lost
+(choosers.trial_wait), so trying costs a bounded share of the time. A
 plain step's time is measured, not priced: without one in the last `reference_every` steps (or none yet, once
 a trial has drafted), the next step is plain.
 
