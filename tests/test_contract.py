@@ -177,8 +177,8 @@ def drafting(method) -> dict:
         costs["draft_costs"] = {1: 0.1, 128: 0.2}  # a draft forward a tenth of the target's
     if method == "eagle":
         costs["head_ms"] = 0.1  # a head forward a tenth of a step
-    if method == "card":  # drafted steps are timed: price a plain step far above any, so drafting always runs
-        costs["costs"] = {1: 1000.0, 128: 1001.0}
+    if method == "card":  # its "auto" width times drafted steps and keeps the prompt's step plain: a fixed width
+        return dict(width=8)  # drafts from the first step on
     return costs
 
 
@@ -290,8 +290,11 @@ def test_cacheback_learns_from_generated_text(monkeypatch):
     assert frozen_at_prompt.new_tokens == out and frozen_at_prompt.mat < 1.3
 
 
-# fixed budgets where "auto" times the machine to decide whether to draft at all (a mechanism test)
-FIXED = {"card": dict(width=8), "draft_model": dict(gamma=4), "eagle": dict(head_ms=0.0)}
+# fixed budgets: "auto" times the machine to decide whether to draft at all, and its guard stops drafting where
+# the clock says it loses (budget/guard.py); this is a mechanism test
+FIXED = {"card": dict(width=8), "draft_model": dict(gamma=4), "eagle": dict(budget=8),
+         "prompt_lookup": dict(num_tokens=8), "cacheback": dict(tdl=16), "lookahead": dict(guesses=7, window=5),
+         "fafo": dict(streams=4, candidates=8)}
 
 
 def test_every_proposer_drafts_on_generated_text(random_pairs):

@@ -18,7 +18,8 @@ from specdec_lib.mechanisms.budget.guard import Guard
 
 from helpers import random_lm, repeating_prompt
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+# the guard reads the clock, which tests otherwise leave alone (SPECDEC_COSTS=estimate): these time the machine
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.measures_costs]
 
 
 class Clock:

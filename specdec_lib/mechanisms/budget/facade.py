@@ -28,7 +28,7 @@ from ...env import check_int
 from .. import dynamic_tree
 from .choosers import TRIAL_SHARE, ChainBudget, TreeBudget, tree_yield
 from .confidence import ConfidenceBudget
-from .cost_curve import reach, resolve_curve
+from .cost_curve import estimating, reach, resolve_curve
 from .guard import Guard
 from .side import SideBudget, text_tree_yield
 
@@ -140,7 +140,8 @@ class Budget:
         guard=False where the method's steps run side rows the guard cannot stop (a fixed window or streams: no
         step of it is plain, so none would price a plain step)."""
         self.chooser = build(self.curve(request.target, reach(request))) if self.auto else Fixed(self.value)
-        timed = guard and self.auto and request.sampling.greedy and self.costs.get("costs") is None
+        timed = (guard and self.auto and request.sampling.greedy and self.costs.get("costs") is None
+                 and not estimating())  # tests price steps from parameter counts and read no clock
         self.guard = Guard() if timed else None
 
     def may_draft(self) -> bool:
