@@ -87,11 +87,12 @@ def test_a_draft_slower_than_its_price_is_stopped_and_the_tokens_stay_the_target
     """The draft is slowed by a sleep in its forward that the chooser's price of a draft forward (measured on
     the bare model before the generation) does not hold, and its drafts are always right (the target itself):
     by the model drafting pays; by the clock each drafted step takes far longer than a plain one for its tokens.
-    The guard makes most steps plain; the output is the target's."""
+    The guard makes most steps plain; the output is the target's. Drafts are long (the chooser believes them
+    free) and the judge waits for 3 drafted steps, so the generation is long enough for the plain steps to follow."""
     target = random_lm(seed=5, logit_scale=20.0)
     draft = random_lm(seed=5, logit_scale=20.0)
     ids = repeating_prompt(30, 5, target.config.vocab_size)
-    reference = generate("hf", target, ids, 64).new_tokens
+    reference = generate("hf", target, ids, 192).new_tokens
     cheap = C.CostCurve.from_points({1: 0.01, 64: 0.02})  # what the chooser believes a draft forward costs
     original = draft.forward
 
@@ -100,12 +101,13 @@ def test_a_draft_slower_than_its_price_is_stopped_and_the_tokens_stay_the_target
         return original(*args, **kwargs)
 
     monkeypatch.setattr(draft, "forward", slow)
-    result = generate("draft_model", target, ids, 64, draft=draft, gamma="auto", draft_costs=cheap)
+    result = generate("draft_model", target, ids, 192, draft=draft, gamma="auto", draft_costs=cheap)
     assert result.new_tokens == reference
     steps = result.stats["steps"]
     plain = sum(s["tree_size"] == 0 for s in steps[1:])
     assert result.stats["guard_vetoed"] >= 0.5 * (len(steps) - 1), result.stats
     assert plain >= 0.5 * (len(steps) - 1)
+    assert result.stats["guard_gain"] < 1.0  # what the clock said: drafting lost
 
 
 @pytest.mark.parametrize("method, kwargs", [
