@@ -10,7 +10,8 @@ what (`forward_parts`, its BlockMask and mask_mod); a mode computes the attentio
 - `Split` ("split", the CPU default): per row group, its committed slots read with no mask (a contiguous slice:
   FAFO's fixed region for compressed rows) and the own rows under `sees`, merged exactly by their log-sum-exps
   (`attention_with_lse`);
-- `Causal`: a prompt's prefill (nothing committed, causal rows), SDPA's causal kernel: what `Split` runs then.
+- `Causal`: a prompt's prefill (nothing committed, causal rows), SDPA's causal kernel: what `Split` runs then;
+  and a plain step (one full row, which sees every committed slot and itself: one unmasked SDPA call).
 
 `make_mode(attention, ...)` gives the store its mode ("auto": `choose_attention`, compiled flex on a GPU where it
 compiles and runs, else split). A mode keeps what every layer of one forward shares (the dense mask, the split
@@ -129,15 +130,21 @@ class Split:
     name, prefill_pattern = "split", False  # its prefill is Causal's
 
     def __init__(self):
-        self.causal, self._plan = Causal(), None
+        self.causal, self._plan, self._plain = Causal(), None, None
 
     def new_forward(self) -> None:
-        self._plan = None
+        self._plan = self._plain = None
 
     def __call__(self, store, query, key, value, block_mask=None, scale=None):
         base, rows, compressed, sees, flags, causal = store.forward_parts()
         if base == 0 and causal:  # a prompt's prefill: causal over its own rows, nothing committed yet
             return self.causal(store, query, key, value, block_mask, scale)
+        if self._plain is None:  # asked once per forward (a host sync), by its first layer
+            self._plain = rows == 1 and not bool(flags[0]) and bool(sees[0, 0])
+        if self._plain:  # a plain step: its row reads slots 0..base, contiguous, with no mask and no merge
+            return torch.nn.functional.scaled_dot_product_attention(
+                query, key[:, :, :base + 1], value[:, :, :base + 1], scale=scale,
+                enable_gqa=query.shape[1] != key.shape[1])  # (1, heads, 1, dim)
         own_k, own_v = key[:, :, base:base + rows], value[:, :, base:base + rows]  # (1, kv_heads, R, dim)
         groups = query.shape[1] // key.shape[1]  # grouped-query attention: heads per kv head
         blocked, parts = self._forward_plan(base, rows, compressed, sees, flags, query.dtype, groups, key.device)
