@@ -55,7 +55,7 @@ workbook-full: $(STAMP)
 workbook-smol: $(STAMP)
 	$(BIN)/python -m specdec_lib.workbook.run_notebooks --out figures/smol --models smol
 
-# Two tiers (README "Tests"). `make test`: every test not marked `full`, on every core (pytest-xdist, one torch thread
+# Two tiers (docs/testing.md). `make test`: every test not marked `full`, on every core (pytest-xdist, one torch thread
 # a worker), plus the real pair's SMOKE workbook when the notebooks or the model code changed since the last full run
 # (tests/real_pair_stamp.py). `make test-full`: every test, then the stamp of this run (commit it).
 PYTEST := $(BIN)/python -m pytest -q -n auto --durations=30
@@ -92,19 +92,20 @@ BENCH_METHODS ?= hf,autoregressive,hf_prompt_lookup,hf_assisted,prompt_lookup,dr
 bench: $(STAMP)
 	$(BIN)/python -m specdec_lib.bench --models tiny --suite code --methods $(BENCH_METHODS)
 
-# The README's benchmark table: both suites into data/results/bench_<suite>_cpu.*, then the table from them.
+# The tiny pair's table (docs/results.md): both suites into data/results/bench_<suite>_cpu.*, then the table from them.
 bench-readme: $(STAMP)
 	for suite in code editing; do $(BIN)/python -m specdec_lib.bench --models tiny --suite $$suite --methods $(BENCH_METHODS) --repeats 2 --no-progress --out data/results --tag cpu || exit 1; done
-	$(BIN)/python -m specdec_lib.bench.compare --readme README.md code editing
+	$(BIN)/python -m specdec_lib.bench.compare --readme docs/results.md code editing
 
-# The real pair's table in the README (SmolLM2-135M-Instruct and its draft, offline): HumanEval and editing, 96 new
-# tokens, every method interleaved per prompt; data/results/bench_<suite>_cpu_smol.*, then the README block "smol".
+# The real pair's table in docs/results.md (SmolLM2-135M-Instruct and its draft, offline): HumanEval and editing, 96 new
+# tokens, every method interleaved per prompt; data/results/bench_<suite>_cpu_smol.*, then its block "smol".
 SMOL_METHODS ?= hf,autoregressive,hf_prompt_lookup,hf_assisted,prompt_lookup,draft_model,draft_model@topk=4,cacheback,lookahead,fafo,card,card@width=4+ratio=1+tree=8,card@mode=thread,card@mode=process,eagle
 bench-smol: $(STAMP)
 	for suite in humaneval editing; do $(BIN)/python -m specdec_lib.bench --models smol --suite $$suite --methods $(SMOL_METHODS) --max-new-tokens 96 --limit 6 --repeats 1 --no-progress --out data/results --tag cpu_smol || exit 1; done
-	$(BIN)/python -m specdec_lib.bench.compare --readme README.md humaneval editing --tag cpu_smol --block smol
+	$(BIN)/python -m specdec_lib.bench.compare --readme docs/results.md humaneval editing --tag cpu_smol --block smol
+	$(BIN)/python -m specdec_lib.bench.compare --headline --readme README.md
 
-# "Never slower" (notebook 08's section and the README's table): every method with its defaults beside the loop's
+# "Never slower" (notebook 08's section, docs/results.md): every method with its defaults beside the loop's
 # plain decoding, with the old fixed defaults as variants (before / after), on the three pairs: the tiny pair (code,
 # editing), the real pair (HumanEval, editing, and three unseen tasks) and the long pair at 8k tokens;
 # data/results/*_cpu_never*.
@@ -119,12 +120,13 @@ bench-never: $(STAMP)
 	for suite in humaneval editing; do $(BIN)/python -m specdec_lib.bench --models smol --suite $$suite --methods $(NEVER_SMOL) --max-new-tokens 96 --limit 6 --repeats 1 --no-progress --out data/results --tag cpu_never_smol || exit 1; done
 	for suite in rename chat translation; do $(BIN)/python -m specdec_lib.bench --models smol --suite $$suite --methods $(NEVER_UNSEEN) --max-new-tokens 96 --limit 4 --repeats 1 --no-progress --out data/results --tag cpu_never_smol || exit 1; done
 	$(BIN)/python -m specdec_lib.bench.long_context --lengths 8192 --methods $(NEVER_LONG) --prompts 2 --max-new-tokens 96 --out data/results --tag cpu_never
-	$(BIN)/python -m specdec_lib.bench.compare --never --readme README.md
+	$(BIN)/python -m specdec_lib.bench.compare --never --readme docs/results.md
+	$(BIN)/python -m specdec_lib.bench.compare --headline --readme README.md
 
 bench-layout: $(STAMP)
 	$(BIN)/python -m specdec_lib.bench.flex_layout
 
-# The GPU half (README "GPU"): every step on the CUDA device it finds, into figures/gpu/<device>/; gpu-report-dry is
+# The GPU half (docs/gpu.md): every step on the CUDA device it finds, into figures/gpu/<device>/; gpu-report-dry is
 # the CPU rehearsal CI runs (tests/test_gpu_report.py).
 GPU_SIZE ?= lease
 gpu-report: $(STAMP)

@@ -1,5 +1,5 @@
 #!/bin/bash
-# One device lease in one command (README "GPU"): run from the checkout on the GPU machine, with .whl/ carried
+# One device lease in one command (docs/gpu.md): run from the checkout on the GPU machine, with .whl/ carried
 # (`make gpu-wheels` here first), e.g. the device tool's run with carry [".whl"]:
 #     bash scripts/gpu_lease.sh 480 "bench:2:170" "bench:1:130" "notebooks:0[0-46-9]_*.ipynb:rest"
 # Arguments: the seconds this script may take in all, then steps "STEP:ARG:SECONDS" run in order, each under its

@@ -1,7 +1,7 @@
 """Is the real pair's SMOKE workbook still known to pass? `make test` asks this; `make test-full` records it.
 
 The real pair's workbook (every notebook with MODELS = "smol": SmolLM2-135M-Instruct, its exit draft, its EAGLE head)
-is the longest run of the suite (README "Tests" has its time), so `make test` leaves it out, but a change that could break a notebook
+is the longest run of the suite (docs/testing.md has its time), so `make test` leaves it out, but a change that could break a notebook
 on the real pair only must still be checked before it lands. This file hashes what such a break can come from (the
 notebooks, the model-loading code, the notebook runtime, the shipped real-pair models and the lock) and compares the
 hash with the one `make test-full` recorded in tests/real_pair_stamp.json after a full run that passed:

@@ -92,11 +92,11 @@ def test_spec_bench_question_jsonl_loads_first_turns_and_categories(tmp_path):
 
 
 def test_readme_benchmark_table_is_generated_from_the_saved_results():
-    """The README's table is `python -m specdec_lib.bench.compare --readme README.md code editing`'s output for
-    the JSON under data/results/: edit the data (rerun the bench), not the table."""
+    """The tiny pair's table on the results page is `python -m specdec_lib.bench.compare --readme docs/results.md
+    code editing`'s output for the JSON under data/results/: edit the data (rerun the bench), not the table."""
     results = compare.load_results(ROOT / "data" / "results" / f"bench_{s}_cpu.json" for s in ("code", "editing"))
     table = compare.markdown_table(results)
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / compare.RESULTS_PAGE).read_text()
     block = readme.split(compare.START, 1)[1].split(compare.END, 1)[0].strip()
     assert block == table
     for suite, data in results.items():  # the table's numbers are the summary's
@@ -105,27 +105,42 @@ def test_readme_benchmark_table_is_generated_from_the_saved_results():
 
 
 def test_readme_real_pair_table_is_generated_from_the_saved_results():
-    """The real pair's block: `python -m specdec_lib.bench.compare --readme README.md humaneval editing --tag
+    """The real pair's block: `python -m specdec_lib.bench.compare --readme docs/results.md humaneval editing --tag
     cpu_smol --block smol` (written by `make bench-smol`)."""
     results = compare.load_results(ROOT / "data" / "results" / f"bench_{s}_cpu_smol.json"
                                    for s in ("humaneval", "editing"))
     table = compare.markdown_table(results, "cpu_smol", "smol")
     start, end = compare.markers("smol")
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / compare.RESULTS_PAGE).read_text()
     assert readme.split(start, 1)[1].split(end, 1)[0].strip() == table
     assert "--tag cpu_smol --block smol" in table.splitlines()[0]
     assert all(data["meta"]["models"] == "smol" for data in results.values())
 
 
 def test_readme_never_slower_table_is_generated_from_the_saved_results():
-    """The "never slower" block: `python -m specdec_lib.bench.compare --never --readme README.md` (written by
+    """The "never slower" block: `python -m specdec_lib.bench.compare --never --readme docs/results.md` (written by
     `make bench-never`), every saved setting present, every method lossless in each."""
     table, metas = compare.load_never(ROOT / "data" / "results")
     assert set(metas) == set(compare.NEVER_FILES)
     start, end = compare.markers("never")
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / compare.RESULTS_PAGE).read_text()
     assert readme.split(start, 1)[1].split(end, 1)[0].strip() == compare.never_markdown(table, metas)
     assert (table.all_match_hf != False).all()  # noqa: E712
+
+
+def test_readme_headline_table_is_generated_from_the_saved_results():
+    """The README's one table: `python -m specdec_lib.bench.compare --headline --readme README.md`, each column one
+    saved run (compare.HEADLINE) named with its date or lease; a GPU run's tokens that left hf's path are marked."""
+    start, end = compare.markers("headline")
+    readme = (ROOT / "README.md").read_text()
+    table = compare.headline_table(ROOT / "data" / "results")
+    assert readme.split(start, 1)[1].split(end, 1)[0].strip() == table
+    header, rule, *rows = table.split("\n\n")[0].splitlines()
+    assert [c.strip() for c in header.strip("|").split("|")][1:] == [name for name, _ in compare.HEADLINE]
+    assert [r.split("|")[1].strip() for r in rows] == list(compare.HEADLINE_METHODS)
+    smol = json.loads((ROOT / "data" / "results" / compare.HEADLINE[1][1]).read_text())
+    fafo = next(r for r in smol["summary"] if r["method"] == "fafo")
+    assert f"{fafo['speedup']:.2f} ({fafo['mat']:.2f})" == rows[compare.HEADLINE_METHODS.index("fafo")].split("|")[3].strip()
 
 
 def test_write_readme_table_replaces_only_the_block(tmp_path):

@@ -30,7 +30,21 @@ def test_makefile_pins_torch_and_ci_calls_make_test():
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make test" in ci
     readme = (ROOT / "README.md").read_text()
-    assert "make test" in readme and "make workbook" in readme and "make test-full" in readme
+    assert "make test" in readme and "make workbook" in readme
+    assert "make test-full" in (ROOT / "docs" / "testing.md").read_text()
+
+
+def test_readme_guides_in_at_most_250_lines_and_its_pages_exist():
+    """The README: what it is, two commands, the course, one table, the contract, the layout; the rest on docs/
+    pages, every one it links present and linking back."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250, len(readme.splitlines())
+    pages = sorted(set(re.findall(r"\]\((docs/[\w-]+\.md)\)", readme)))
+    assert len(pages) >= 4, pages
+    for page in pages:
+        assert "../README.md" in (ROOT / page).read_text(), page
+    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        assert f"`{notebook.stem}`" in readme, f"the course path leaves out {notebook.stem}"
 
 
 def test_both_tiers_run_on_every_core_with_a_hang_limit():
@@ -108,7 +122,9 @@ def test_lock_pins_every_dependency_inside_its_range():
 def test_readme_names_the_locked_versions_and_the_drift_check():
     lock, readme = _lock(), (ROOT / "README.md").read_text()
     assert f"transformers {lock['transformers']}" in readme, "README should say which transformers is locked"
-    assert "make test-latest" in readme and "make test-oldest" in readme
+    versions = (ROOT / "docs" / "versions.md").read_text()
+    assert f"transformers {lock['transformers']}" in versions
+    assert "make test-latest" in versions and "make test-oldest" in versions
     oldest = re.search(r"^OLDEST_TRANSFORMERS \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
     assert oldest.startswith("5.15"), oldest
     assert '"transformers>=5.15,<6"' in (ROOT / "pyproject.toml").read_text()

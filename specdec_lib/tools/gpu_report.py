@@ -22,7 +22,7 @@ a couple of minutes for a CPU and for CI (tests/test_gpu_report.py): one noteboo
 8 tokens, one short layout case, scaled-down hub shapes, the models in bfloat16 (`--dtype`) so the half-precision
 paths run on a CPU too; its folder is `<out>/cpu-dry/`.
 
-A bare GPU image may lack wheels the notebooks need (README's "GPU" section installs them offline). One GPU only.
+A bare GPU image may lack wheels the notebooks need (docs/gpu.md installs them offline). One GPU only.
 """
 from __future__ import annotations
 
