@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import string
 from types import SimpleNamespace
 
 from pathlib import Path
@@ -77,6 +78,24 @@ def test_a_claim_is_rendered_from_the_numbers_and_says_whether_it_held():
         notebook.claims("not a claim")
 
 
+def test_a_reason_is_rendered_from_the_numbers_and_a_tie_is_not_held():
+    slower = notebook.claim("tree {t:.2f} ms against chain {c:.2f} ms", 1.5 < 1.2, t=1.5, c=1.2,
+                            otherwise="the tree's {n} rows cost {t:.2f} ms here", n=16)
+    assert slower.markdown().endswith("**(did not hold in this run: the tree's 16 rows cost 1.50 ms here)**")
+    with pytest.raises(ValueError, match="'why'"):
+        notebook.claim("{x}", False, otherwise="because {why}", x=1)
+    assert notebook.claim("{a} vs {b}", notebook.beats(1.30, 1.20), a=1.3, b=1.2).held  # 8 % apart: held
+    tied = notebook.claim("{a} vs {b}", notebook.beats(1.01, 1.00), otherwise="never shown", a=1.01, b=1.0)
+    assert not tied.held and "(tied in this run: 1.01 against 1, within the 2% " in tied.markdown()
+    assert "never shown" not in tied.markdown()
+    lost = notebook.claim("{a} vs {b}", notebook.beats(0.80, 1.00), otherwise="{a} is below {b}", a=0.8, b=1.0)
+    assert not lost.held and lost.markdown().endswith("(did not hold in this run: 0.8 is below 1.0)**")
+    assert notebook.beats(3, 2, margin=0) and not notebook.beats(2, 2, margin=0)  # exact counts: a tie is equal
+    assert notebook.claim("{n}", notebook.beats(2, 2, margin=0), n=2).markdown().endswith("(tied in this run: both 2)**")
+    with pytest.raises(ValueError):
+        notebook.beats(1, 2, margin=1.5)
+
+
 def test_typed_numbers_finds_measured_numbers_but_not_papers_code_or_math():
     text = ("one run gave 1.3x and 15 ms, then +5 %, 42 tokens/s and MAT 2.41\n"
             "the paper reports 2.42x (its Table 1)\n"
@@ -125,6 +144,57 @@ def _claims_without_otherwise(source: str) -> int:
     calls = [node for node in ast.walk(ast.parse("\n".join(lines))) if isinstance(node, ast.Call)
              and (getattr(node.func, "attr", None) == "claim" or getattr(node.func, "id", None) == "claim")]
     return sum(all(k.arg != "otherwise" for k in call.keywords) for call in calls)
+
+
+def _claim_calls(source: str) -> tuple[list, list]:
+    """(every notebook.claim(...) call of a code cell, the bare `claim(...)` statements that are not its last)."""
+    lines = [line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))]  # IPython magics
+    tree = ast.parse("\n".join(lines))
+    is_claim = lambda node: isinstance(node, ast.Call) and "claim" in (getattr(node.func, "attr", None),  # noqa: E731
+                                                                        getattr(node.func, "id", None))
+    hidden = [st for st in tree.body[:-1] if isinstance(st, ast.Expr) and is_claim(st.value)]
+    return [node for node in ast.walk(tree) if is_claim(node)], hidden
+
+
+@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.name[:2])
+def test_every_claim_a_cell_makes_is_displayed(path):
+    """Jupyter displays a cell's last value only: a bare claim(...) before the last statement is made and never
+    seen (two claims of a cell go through notebook.claims(...), or display(...))."""
+    cells = json.loads(path.read_text())["cells"]
+    hidden = [(c.get("id"), ast.unparse(st)[:80]) for c in cells if c["cell_type"] == "code"
+              for st in _claim_calls("".join(c["source"]))[1]]
+    assert not hidden, f"claims no reader sees: {hidden}"
+
+
+def _stock_reason(call) -> bool:
+    """True when a claim's otherwise= is a fixed sentence: a string naming none of the run's numbers."""
+    why = next((k.value for k in call.keywords if k.arg == "otherwise"), None)
+    if why is None or isinstance(why, ast.JoinedStr):
+        return False
+    if isinstance(why, ast.Constant) and isinstance(why.value, str):
+        return not any(name for _, name, _, _ in string.Formatter().parse(why.value))
+    return False  # a name or a call: computed in the cell
+
+
+@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.name[:2])
+def test_every_reason_a_claim_gives_is_computed_from_the_run(path):
+    """A claim that did not hold says why from this run's numbers (otherwise= names one of them, or is computed),
+    never with a stock sentence that would read the same whatever the run measured."""
+    cells = json.loads(path.read_text())["cells"]
+    calls = [(c.get("id"), call) for c in cells if c["cell_type"] == "code"
+             for call in _claim_calls("".join(c["source"]))[0]]
+    stock = [(cell, ast.unparse(call)[:100]) for cell, call in calls if _stock_reason(call)]
+    assert not stock, f"stock reasons: {stock}"
+    unknown = []  # a template's fields are numbers the claim is given (else it fails when it is rendered)
+    for cell, call in calls:
+        given = {k.arg for k in call.keywords}
+        if None in given:  # **numbers: not known statically
+            continue
+        for arg in [a for a in call.args[:1]] + [k.value for k in call.keywords if k.arg == "otherwise"]:
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                names = {n.split(".")[0].split("[")[0] for _, n, _, _ in string.Formatter().parse(arg.value) if n}
+                unknown += [(cell, name) for name in sorted(names - given)]
+    assert not unknown, f"template fields the claim is not given: {unknown}"
 
 
 @pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.name[:2])

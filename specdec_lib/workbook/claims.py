@@ -10,9 +10,13 @@ renders (Jupyter, Colab, a saved notebook: Markdown) as
 
     prompt lookup is 1.91x autoregressive on editing (held in this run)
 
-and, when the condition is false, "... (did not hold in this run)", in bold, so a reader sees at once where the
-run and the expectation part. `claims(...)` renders several as a list. A paper's published figures may still be
-quoted in Markdown, named as such.
+and, when the condition is false, "... (did not hold in this run: <why>)", in bold, so a reader sees at once where
+the run and the expectation part. The why, `otherwise=`, is a template too, formatted from the same numbers: a
+reason computed from the run (the notebook tests refuse a stock sentence there). A comparison of two measured
+numbers goes through `beats(a, b, margin)`: within the margin (the run's noise) it is a tie, shown as "tied in this
+run", never as held. `claims(...)` renders several as a list: a cell displays its value only, so a cell that makes
+two claims shows them through `claims(...)`. A paper's published figures may still be quoted in Markdown, named as
+such.
 
 `typed_numbers(markdown)` finds measured-looking numbers typed into Markdown (a number with a unit of speed,
 time, size or ratio: "1.3x", "15 ms", "80 µs", "7 min", "2 MB", "42 tokens/s", "+5 %", or a time in words: "tens
@@ -27,20 +31,49 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-HELD, NOT_HELD = "held in this run", "did not hold in this run"
+HELD, NOT_HELD, TIED = "held in this run", "did not hold in this run", "tied in this run"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """`beats(a, b, margin)`: a above b by more than the margin (held), within it (a tie), or not."""
+    a: float
+    b: float
+    margin: float
+
+    @property
+    def tie(self) -> bool:
+        return abs(self.a - self.b) <= self.margin * max(abs(self.a), abs(self.b))
+
+    def __bool__(self) -> bool:
+        return self.a > self.b and not self.tie
+
+
+def beats(a, b, margin: float = 0.02) -> Comparison:
+    """Whether measured `a` beats measured `b`: by more than `margin` (a share of the larger); within it the run
+    cannot tell them apart (a tie: not held). margin 0 for exact counts."""
+    if not 0 <= margin < 1:
+        raise ValueError(f"margin is a share in [0, 1), got {margin!r}")
+    return Comparison(float(a), float(b), float(margin))
 
 
 @dataclass
 class Claim:
-    """A sentence rendered from this run's numbers, and whether it held."""
+    """A sentence rendered from this run's numbers, and whether it held (a tie: `beats` within its margin)."""
     text: str
     held: bool
     numbers: dict = field(default_factory=dict)
-    otherwise: str = ""  # why it can fail to hold, shown only when it did not
+    otherwise: str = ""  # why it can fail to hold, rendered from the numbers, shown only when it did not
+    tie: Comparison | None = None
 
     def verdict(self) -> str:
         if self.held:
             return HELD
+        if self.tie is not None and self.tie.tie:
+            if not self.tie.margin:  # exact counts: equal
+                return f"{TIED}: both {self.tie.a:.4g}"
+            return (f"{TIED}: {self.tie.a:.4g} against {self.tie.b:.4g}, within the {self.tie.margin:.0%} "
+                    f"this run cannot resolve")
         return f"{NOT_HELD}: {self.otherwise}" if self.otherwise else NOT_HELD
 
     def markdown(self) -> str:
@@ -55,18 +88,20 @@ class Claim:
 
 def claim(template: str, holds, otherwise: str = "", **numbers) -> Claim:
     """`template` formatted with `numbers` (format specs as in str.format), and whether it held: `holds`, a bool
-    computed from the same numbers (numpy bools too). A template naming a number not given is an error.
-    `otherwise`: why the expectation can fail (the run's size, the device, noise), shown after "did not hold in this
-    run:" when it did not, so that a reader is never left with an unexplained miss."""
+    computed from the same numbers (numpy bools too), or `beats(a, b)` (a tie is not held). A template naming a
+    number not given is an error. `otherwise`: why the expectation did not hold, a template formatted from the same
+    numbers (the run's size, the device, the costs it measured), shown after "did not hold in this run:" when it
+    did not, so that a reader is never left with an unexplained miss."""
     if not isinstance(template, str) or not template.strip():
         raise ValueError("a claim needs a sentence")
     try:
-        text = template.format(**numbers)
+        text, why = template.format(**numbers), otherwise.format(**numbers)
     except KeyError as missing:
         raise ValueError(f"the claim names {missing} but was not given it") from None
     if not hasattr(holds, "__bool__") or isinstance(holds, str):
         raise TypeError(f"holds must be a bool computed from the numbers, got {holds!r}")
-    return Claim(text, bool(holds), numbers, otherwise)
+    tie = holds if isinstance(holds, Comparison) else None
+    return Claim(text, bool(holds), numbers, why, tie)
 
 
 @dataclass

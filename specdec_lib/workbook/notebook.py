@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .claims import claim, claims  # noqa: F401  (re-exported: notebook.claim(...))
+from .claims import beats, claim, claims  # noqa: F401  (re-exported: notebook.claim(...))
 
 
 EXECUTED = "SPECDEC_EXECUTED_NOTEBOOK"  # set by workbook.run_notebooks for the kernels it starts
