@@ -437,18 +437,19 @@ def test_trying_side_rows_costs_a_bounded_share_of_the_time():
     """SideBudget's trials (the warm-up, each probe) may lose `trial_share` x the plain time they are set against:
     side rows that double a step's time and yield nothing are off after the first step of a 20-token
     generation (allowance 0.03 x 20 x 10 ms = 6 ms), where the unbounded warm-up would have run 12 steps; the next probe waits
-    until 3 % of the off steps' plain time covers a probe's loss, and a probe that pays keeps them on."""
+    until 3 % of the plain time of every step since the first covers what the warm-up lost and a probe's loss, and a
+    probe that pays keeps them on."""
     loses = (1.0, 20.0, 1.0, 10.0)  # 10 ms lost per step; a plain step is 10 ms a token
     pays = (3.0, 12.0, 1.0, 10.0)
     side = B.SideBudget(FLAT, probe_len=3, warmup=12, horizon=20, trial_share=0.03)
     assert side.choose()
     side.record(*loses)
     assert not side.choose() and side.stats()["side_trials_cut"] == 1 and side.lost() == pytest.approx(10.0)
-    # a probe loses up to 3 steps x 10 ms: it waits until 3 % of the off steps' plain time covers 30 ms: 100 steps
+    # the warm-up lost 10 ms and a probe may lose 3 steps x 10 ms: 3 % of 10 ms a step covers 40 ms after 134 steps
     offs = 1
     while not side.choose():
         offs += 1
-    assert offs == 99  # 99 plain steps, the 100th probes
+    assert offs == 132  # the warm-up's step and 132 plain steps, the 134th probes
     for _ in range(3):  # this probe pays: judged after its probe_len steps, on
         side.record(*pays)
         assert side.choose()

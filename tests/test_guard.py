@@ -46,7 +46,7 @@ def test_drafting_that_loses_stops_and_is_tried_again_at_a_bounded_cost():
     clock = Clock()
     guard = Guard(judge_after=3, probe_every=16, clock=clock)
     # a drafted step: 1.5 tokens for 20 ms; a plain one: 1 token for 10 ms (drafting is 0.75x as fast)
-    allowed = run(guard, clock, lambda ok: (True, 1.5, 20.0) if ok else (False, 1, 10.0), 200)
+    allowed = run(guard, clock, lambda ok: (True, 1.5, 20.0) if ok else (False, 1, 10.0), 190)
     assert allowed[:2] == [True, False]  # one drafted step, then a plain reference (no plain time yet)
     first_off = allowed.index(False, 2)
     assert first_off == 4  # judged after three drafted steps of the trial: off

@@ -12,8 +12,8 @@ and plain steps apart. Drafting goes on while
 
 judged after `judge_after` drafted steps of a trial, then at every drafted step. When it does not hold the method
 takes plain steps (its chooser is not asked: `Budget.choose` says the plain size, side rows stay off) until the
-next trial, which waits until `trial_share` of the plain time since covers what the last trial lost
-(choosers.trial_wait), so trying costs a bounded share of the time. A
+next trial, which waits until `trial_share` of the plain time of every step so far covers what every trial lost,
+the next one's expected loss included (choosers.trial_wait), so trying costs a bounded share of the time. A
 plain step's time is measured, not priced: without one in the last `reference_every` steps (or none yet, once
 a trial has drafted), the next step is plain.
 
@@ -47,6 +47,7 @@ class Guard:
         self.since_plain = 0  # drafted steps since the last plain one
         self.allowed = True  # may the next step draft
         self.vetoed = self.references = self.trials = 0  # steps the guard made plain; of them, references
+        self.steps, self.lost_total = 0, 0.0  # steps compared so far; what every trial lost (ms)
         self._last: float | None = None  # when the last step ended (None: before the prefill's end)
 
     def record(self, drafted: bool, tokens: int) -> None:
@@ -55,6 +56,7 @@ class Guard:
         self.vetoed += not self.allowed
         self.references += self.on and not self.allowed
         if self._last is not None:  # the prefill's step is not compared
+            self.steps += 1
             self._account(drafted, tokens, 1e3 * (now - self._last))
         self._last = now
         if not self.on:
@@ -80,8 +82,11 @@ class Guard:
 
     def _off(self) -> None:
         lost = max(0.0, self.trial[2] - self.trial[1] * self.plain_ms)  # ms beyond plain steps for its tokens
+        self.lost_total += lost
         self.on, self.off_run = False, 0
-        self.next_trial = trial_wait(self.probe_every, lost, self.plain_ms, self.trial_share)
+        # from the first step on: the share covers every trial's loss and the next one's, not each trial's apart
+        wait = trial_wait(self.probe_every, self.lost_total + lost, self.plain_ms, self.trial_share) - self.steps
+        self.next_trial = max(self.probe_every, wait)
 
     @property
     def gain(self) -> float | None:

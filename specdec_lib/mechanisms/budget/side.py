@@ -29,8 +29,9 @@ class SideBudget:
 
     and ends, off, as soon as that passes its allowance: `trial_share` x the plain time of the `horizon` tokens the
     generation makes (the warm-up; none given: no allowance), or `trial_share` x the plain time of the steps run
-    off since the last trial (a probe). The next probe waits until that allowance covers what the last trial
-    lost per step x `probe_len`. Where the side rows cost about as much as a whole plain step (many fumble rows
+    off since the last trial (a probe). The next probe waits until `trial_share` of the plain time of every step so
+    far and until then covers what every trial lost, the next one's expected loss (the last trial's per step x
+    `probe_len`) included: the warm-up's allowance is the whole horizon's, so a probe does not add its own on top. Where the side rows cost about as much as a whole plain step (many fumble rows
     where extra rows are dear), the warm-up ends after a step or two and probes are rare; where side rows are
     nearly free, nothing changes."""
 
@@ -53,6 +54,7 @@ class SideBudget:
         self.next_probe = probe_every  # off steps before the next probe
         self.plain_ms = None  # ms of a step without the side rows, over the last trial
         self.cut_short = 0  # trials ended by their allowance
+        self.lost_total = 0.0  # what every trial so far lost (ms)
 
     def choose(self, context: int | None = None) -> bool:
         """Run the side rows this step? (the curve read at `context` tokens)."""
@@ -119,8 +121,12 @@ class SideBudget:
         self.on, self.off_run, self.probe_left, self.in_trial = False, 0, 0, False
         if self.trial_steps:
             self.plain_ms = self.trial[3] / self.trial_steps
-        per_step = max(0.0, self.lost()) / max(1, self.trial_steps)
-        self.next_probe = trial_wait(self.probe_every, self.probe_len * per_step, self.plain_ms, self.trial_share)
+        lost = max(0.0, self.lost())
+        self.lost_total += lost
+        expected = self.lost_total + self.probe_len * lost / max(1, self.trial_steps)
+        # steps from the first: the share covers every trial's loss, not each trial's apart
+        wait = trial_wait(self.probe_every, expected, self.plain_ms, self.trial_share) - self.steps
+        self.next_probe = max(self.probe_every, wait)
 
     @property
     def gain(self) -> float | None:
