@@ -16,12 +16,10 @@ that `python -m specdec_lib.bench` writes.
 - `never_slower(summaries)`, `load_summary(path)`: every method against the loop's own plain decoding
   ("autoregressive") in each setting (pair, suite, context), with what its budgets chose (notebook 08's section
   "never slower", from saved runs of the harness and of `bench.long_context`).
-- `headline_table(results_dir)`: the README's one table: every default method's speed over hf on the tiny pair
-  (CPU), the real pair (CPU) and on a GPU, each column one saved run (HEADLINE names the files).
-- `markdown_table(results)`, `write_readme_table(readme, results)`: the results page's benchmark tables, from the JSON
-  files of one run per suite, between the markers `<!-- bench-table:start -->` and `<!-- bench-table:end -->`
-  (the tiny pair, files `bench_<suite>_cpu.json`), or `<!-- bench-table:NAME:start -->` ... for a named block
-  (`--tag cpu_smol --block smol`: the real pair's table beside it).
+- `headline_table(results_dir)`: the README's one table, each column one saved run (HEADLINE names the files).
+- `markdown_table(results)`, `write_readme_table(readme, results)`: the results page's tables from one run per
+  suite, between `<!-- bench-table:start -->` and `<!-- bench-table:end -->` (the tiny pair), or a named block's
+  markers `<!-- bench-table:NAME:start -->` ... (`--tag cpu_smol --block smol`: the real pair's).
 
 Simplifications: the bound uses the mean rows per step (t is close to linear over the rows a step uses);
 t(rows) is measured at one prefix length (the harness's prompts are a few hundred tokens).

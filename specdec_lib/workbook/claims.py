@@ -10,13 +10,10 @@ renders (Jupyter, Colab, a saved notebook: Markdown) as
 
     prompt lookup is 1.91x autoregressive on editing (held in this run)
 
-and, when the condition is false, "... (did not hold in this run: <why>)", in bold, so a reader sees at once where
-the run and the expectation part. The why, `otherwise=`, is a template too, formatted from the same numbers: a
-reason computed from the run (the notebook tests refuse a stock sentence there). A comparison of two measured
-numbers goes through `beats(a, b, margin)`: within the margin (the run's noise) it is a tie, shown as "tied in this
-run", never as held. `claims(...)` renders several as a list: a cell displays its value only, so a cell that makes
-two claims shows them through `claims(...)`. A paper's published figures may still be quoted in Markdown, named as
-such.
+and, when false, "... (did not hold in this run: <why>)" in bold; the why, `otherwise=`, is a template formatted
+from the same numbers (the notebook tests refuse a stock sentence). Two measured numbers compare through
+`beats(a, b, margin)`: within the margin it is a tie ("tied in this run"), never held. `claims(...)` renders
+several as a list (a cell displays its last value only). A paper's figures may be quoted in Markdown, named so.
 
 `typed_numbers(markdown)` finds measured-looking numbers typed into Markdown (a number with a unit of speed,
 time, size or ratio: "1.3x", "15 ms", "80 µs", "7 min", "2 MB", "42 tokens/s", "+5 %", or a time in words: "tens
