@@ -317,29 +317,19 @@ def main(argv=None) -> int:
     parser.add_argument("--block", default=None, help="a named README block (<!-- bench-table:NAME:start -->)")
     args = parser.parse_args(argv)
     if args.headline:
-        text = headline_table(args.results)
-        if args.readme:
-            _fill_block(args.readme, text, "headline")
-            print(f"updated {args.readme}")
-        else:
-            print(text)
-        return 0
-    if args.never:
-        text = never_markdown(*load_never(args.results))
-        if args.readme:
-            _fill_block(args.readme, text, "never")
-            print(f"updated {args.readme}")
-        else:
-            print(text)
-        return 0
-    if not args.suites:
-        parser.error("name the suites (or --never)")
-    results = load_results(Path(args.results) / f"bench_{suite}_{args.tag}.json" for suite in args.suites)
+        text, block = headline_table(args.results), "headline"
+    elif args.never:
+        text, block = never_markdown(*load_never(args.results)), "never"
+    else:
+        if not args.suites:
+            parser.error("name the suites (or --never)")
+        results = load_results(Path(args.results) / f"bench_{suite}_{args.tag}.json" for suite in args.suites)
+        text, block = markdown_table(results, args.tag, args.block), args.block
     if args.readme:
-        write_readme_table(args.readme, results, args.tag, args.block)
+        _fill_block(args.readme, text, block)
         print(f"updated {args.readme}")
     else:
-        print(markdown_table(results, args.tag, args.block))
+        print(text)
     return 0
 
 

@@ -46,12 +46,14 @@ TRIAL_SHARE = 0.03
 COST_RATE = 0.2
 
 
-def trial_wait(probe_every: int, lost_ms: float, step_ms: float | None, share: float | None) -> int:
+def trial_wait(probe_every: int, lost_ms: float, step_ms: float | None, share: float | None,
+               elapsed: int = 0) -> int:
     """Steps before the next trial (a probe): `probe_every`, or more, so that `share` of the time of the steps in
-    between (`step_ms` each) covers what the trial is expected to lose (`lost_ms`). Every chooser's probes wait so."""
+    between (`step_ms` each) covers what the trial is expected to lose (`lost_ms`). Every chooser's probes wait so.
+    `elapsed`: steps already run that count toward the same allowance (lost_ms then holds every trial's loss)."""
     if share is None or not step_ms:
         return probe_every
-    return max(probe_every, int(np.ceil(lost_ms / (share * step_ms))))
+    return max(probe_every, int(np.ceil(lost_ms / (share * step_ms))) - elapsed)
 
 
 class MeasuredSteps:

@@ -85,8 +85,8 @@ class Guard:
         self.lost_total += lost
         self.on, self.off_run = False, 0
         # from the first step on: the share covers every trial's loss and the next one's, not each trial's apart
-        wait = trial_wait(self.probe_every, self.lost_total + lost, self.plain_ms, self.trial_share) - self.steps
-        self.next_trial = max(self.probe_every, wait)
+        self.next_trial = trial_wait(self.probe_every, self.lost_total + lost, self.plain_ms, self.trial_share,
+                                     self.steps)
 
     @property
     def gain(self) -> float | None:

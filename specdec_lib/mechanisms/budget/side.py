@@ -125,8 +125,7 @@ class SideBudget:
         self.lost_total += lost
         expected = self.lost_total + self.probe_len * lost / max(1, self.trial_steps)
         # steps from the first: the share covers every trial's loss, not each trial's apart
-        wait = trial_wait(self.probe_every, expected, self.plain_ms, self.trial_share) - self.steps
-        self.next_probe = max(self.probe_every, wait)
+        self.next_probe = trial_wait(self.probe_every, expected, self.plain_ms, self.trial_share, self.steps)
 
     @property
     def gain(self) -> float | None:
