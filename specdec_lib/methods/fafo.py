@@ -2,7 +2,7 @@
 
 FAFO paper §4.2 (fumble decoding), §4.3 / Alg. 3-4 (find-out verification), Appendix E (the column-wise token
 layout and the fused mask), Appendix F (the pool: at most n subsequences per prefix, LRU). ONE forward per step
-through the target's own cache, a `FlexLayoutStore` (mechanisms/store/layout.py; notebook 05), holds two kinds of
+through the target's own cache, a `FlexLayoutStore` (mechanisms/store/layout.py; notebook 08), holds two kinds of
 rows (SideRows with `compressed=True` ride the verifying forward; no draft model):
 - fumble rows: n guess streams of k tokens, column-wise (y_1^1 .. y_1^n, y_2^1 ..), a token seeing C(kv) (the
   store's fixed blocks) and its own stream's earlier tokens. Each stream's last row predicts its next token
@@ -113,7 +113,7 @@ class Fafo(Proposer):
     candidates; the fumble rows, which read C(kv) only, priced at its length (cheap rows, also when fused=False).
     compression ("streaming": StreamingLLM with `sinks`; "quest": Quest with `page`; or a Compression), kv_budget:
     C(kv). block, attention: the store's. seed: the streams' start. from_text: pool the text's k-token runs too
-    (as Lookahead's from_text; notebook 06 compares). costs: the cost curve the "auto" knobs read."""
+    (as Lookahead's from_text; notebook 07 compares). costs: the cost curve the "auto" knobs read."""
 
     no_sliding = ("its KV store (one FlexAttention layout for every layer, read through a compression) has no "
                   "sliding window: use 'lookahead' (the same Jacobi-style guess rows, through the loop's cache) or "
@@ -171,8 +171,10 @@ class Fafo(Proposer):
         self.side = self.text_pool = None
         if self.streams_auto:  # the pool without the streams' subsequences: what a step without them would find
             costs = self.budget.curve(state.request.target, reach(state.request))
+            # a stream's guesses are found by later steps only (keyed by what it discarded, about k steps on),
+            # so the warm-up that judges the streams first is longer than k by a margin: 2k + 4 steps
             self.side = SideBudget(costs, context=len(prompt), cheap_context=self.compression.kv_budget,
-                                   horizon=state.request.max_new_tokens)
+                                   horizon=state.request.max_new_tokens, warmup=max(12, 2 * self.k + 4))
             self.text_pool = FumblePool(self.n)
         for pool in (self.pool, self.text_pool) if self.from_text else ():
             if pool is not None:
@@ -201,10 +203,14 @@ class Fafo(Proposer):
             state.request.target.set_attn_implementation(self._previous)
 
     def propose(self, state: LoopState, max_depth: int) -> Proposal:
+        # the prompt's step is plain: the store prefills the prompt with SDPA's causal kernel alone (store/
+        # attention.py); fumble or find-out rows beside it would send every prompt row through the mixed plan
+        prefill = self.store.length < len(state.committed) - 1
         # the guard (budget/guard.py) stops the streams too while drafted steps lose to plain ones
-        streams = self.budget.may_draft() and (self.side is None or self.side.choose(len(state.committed)))
+        streams = not prefill and self.budget.may_draft() and (self.side is None or
+                                                               self.side.choose(len(state.committed)))
         self.budget.price_cheap_rows(self.n * self.k if streams else 0)  # paid only when the streams run
-        candidates = self.pool.lookup(state.committed, self.n, self.k) if max_depth > 0 else []
+        candidates = self.pool.lookup(state.committed, self.n, self.k) if max_depth > 0 and not prefill else []
         extra, carry = {}, {}
         root, nodes, found = state.committed[-1], None, [sub for _, sub in candidates]
         if candidates and self.budget.auto:  # none found: nothing to choose (or learn)
