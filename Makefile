@@ -105,7 +105,7 @@ bench-smol: $(STAMP)
 	$(BIN)/python -m specdec_lib.bench.compare --readme docs/results.md humaneval editing --tag cpu_smol --block smol
 	$(BIN)/python -m specdec_lib.bench.compare --headline --readme README.md
 
-# "Never slower" (notebook 08's section, docs/results.md): every method with its defaults beside the loop's
+# "Never slower" (notebook 12's section, docs/results.md): every method with its defaults beside the loop's
 # plain decoding, with the old fixed defaults as variants (before / after), on the three pairs: the tiny pair (code,
 # editing), the real pair (HumanEval, editing, and three unseen tasks) and the long pair at 8k tokens;
 # data/results/*_cpu_never*.

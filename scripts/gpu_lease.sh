@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device lease in one command (docs/gpu.md): run from the checkout on the GPU machine, with .whl/ carried
 # (`make gpu-wheels` here first), e.g. the device tool's run with carry [".whl"]:
-#     bash scripts/gpu_lease.sh 480 "bench:2:170" "bench:1:130" "notebooks:0[0-46-9]_*.ipynb:rest"
+#     bash scripts/gpu_lease.sh 480 "bench:2:170" "bench:1:130" "notebooks:[01][0-79]_*.ipynb:rest"
 # Arguments: the seconds this script may take in all, then steps "STEP:ARG:SECONDS" run in order, each under its
 # own timeout (SECONDS "rest": what is left), so one slow step cannot hide the others. STEP: a gpu_report step;
 # ARG: the bench run's number (bench), the notebooks' glob (notebooks), unused otherwise. After each step every

@@ -1,4 +1,4 @@
-"""The ablation harness and its figures/explorer (notebook 04), on the shipped tiny pair with tiny sizes."""
+"""The ablation harness and its figures/explorer (notebook 06), on the shipped tiny pair with tiny sizes."""
 from __future__ import annotations
 
 import pytest

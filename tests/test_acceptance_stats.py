@@ -1,4 +1,4 @@
-"""bench.acceptance (notebook 03): acceptance by draft depth counted from the step records, the i.i.d. alpha and
+"""bench.acceptance (notebook 04): acceptance by draft depth counted from the step records, the i.i.d. alpha and
 E[tokens] by depth, the tested positions, the overlap sum_x min(p, q) of the two models (the acceptance of
 speculative sampling, argmax agreement when greedy), and their two figures. Real runs on the shipped tiny pair."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""bench.compare and viz.compare (notebook 08): spread over repeats, per-category speedups, the efficiency bound,
+"""bench.compare and viz.compare (notebook 12): spread over repeats, per-category speedups, the efficiency bound,
 Spec-Bench's question.jsonl layout, the README's table generated from the saved results, and the figures'
 data."""
 from __future__ import annotations

@@ -257,7 +257,7 @@ def test_bad_input_is_refused():
                                            num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True,
                                            sliding_window=8, max_window_layers=0))
     before = sliding.config._attn_implementation
-    for refuse in (fl.check_model, fl.attach):  # check_model: attach's refusal, asked first (notebook 05)
+    for refuse in (fl.check_model, fl.attach):  # check_model: attach's refusal, asked first (notebook 08)
         with pytest.raises(ValueError, match="full-attention layers only"):
             refuse(sliding)
     assert sliding.config._attn_implementation == before and fl.check_model(model) is None
@@ -327,7 +327,7 @@ def test_auto_attention_falls_back_to_split_where_compiled_flex_fails(monkeypatc
     assert attention.choose_attention("cuda", torch.float16, 8, 2, 64)[0] == "split"
     assert attention.choose_attention("cuda", torch.bfloat16, 8, 2, 64)[0] == "compiled"
     assert probes == [(torch.float16, 64), (torch.bfloat16, 64)], "each device/dtype/shape is probed once"
-    # notebook 05 draws 2-row query blocks: Triton's kernels need multiples of 16 (an H200 refused 2 x 16), so
+    # notebook 08 draws 2-row query blocks: Triton's kernels need multiples of 16 (an H200 refused 2 x 16), so
     # "auto" takes split there, saying why, before any probe
     mode, why = attention.choose_attention("cuda", torch.bfloat16, 8, 2, 64, blocks=(2, 16))
     assert mode == "split" and "2 x 16" in why and len(probes) == 2

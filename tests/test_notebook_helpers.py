@@ -126,15 +126,15 @@ def test_no_more_measured_numbers_typed_into_a_notebooks_markdown(path):
 NO_OTHERWISE: dict[tuple[str, str], str] = {
     ("03", "nb03-sol1"): "a seeded chi-square test and exact first-token errors: the same numbers every run",
     ("03", "nb03-sol3"): "the by-hand loop's tokens against section 3's: equal unless a rollback is wrong",
-    ("04", "n4-sol1"): "a longer leader's followers are a subset of a shorter one's: a property of the table",
-    ("05", "nb05-sol2"): "the fixed region's block count is arithmetic (ceil of the budget over the block)",
-    ("05", "nb05-sol3"): "the block tables of an interleaved layout and a float64 attention check: exact",
-    ("05", "nb05-sol4"): "StreamingLLM's kept entries form two runs: at most one block more, by construction",
-    ("06", "n6-sol2"): "a step emits at most k + 1 tokens (its first claim); the second, measured, has otherwise",
-    ("06", "n6-sol3"): "both compressions write greedy's tokens: lossless whatever the streams read",
-    ("06", "n6-sol4"): "a re-aligned window writes greedy's tokens: lossless whatever it proposes",
-    ("06", "n6-sol6"): "a curve changes what the chooser drafts, never the tokens: both runs write the same",
-    ("07", "nb07-sol5"): "the caps the auto query chose never exceed the fixed query's: a bound of the chooser",
+    ("05", "n4-sol1"): "a longer leader's followers are a subset of a shorter one's: a property of the table",
+    ("07", "n6-sol2"): "a step emits at most k + 1 tokens (its first claim); the second, measured, has otherwise",
+    ("07", "n6-sol3"): "both compressions write greedy's tokens: lossless whatever the streams read",
+    ("07", "n6-sol4"): "a re-aligned window writes greedy's tokens: lossless whatever it proposes",
+    ("07", "n6-sol6"): "a curve changes what the chooser drafts, never the tokens: both runs write the same",
+    ("08", "nb05-sol2"): "the fixed region's block count is arithmetic (ceil of the budget over the block)",
+    ("08", "nb05-sol3"): "the block tables of an interleaved layout and a float64 attention check: exact",
+    ("08", "nb05-sol4"): "StreamingLLM's kept entries form two runs: at most one block more, by construction",
+    ("09", "nb07-sol5"): "the caps the auto query chose never exceed the fixed query's: a bound of the chooser",
 }
 
 
@@ -247,3 +247,16 @@ def test_an_exercise_answer_is_checked_against_this_runs_value():
     assert not high.right and "too high" in high.markdown() and "too low" in low._repr_markdown_()
     with pytest.raises(ValueError, match="no value"):
         notebook.check_answer("alpha", 0.5, float("nan"))
+
+
+def test_a_predicted_option_is_checked_against_the_option_this_run_picks():
+    unanswered = notebook.check_choice("faster", None, "chain", ("chain", "tree"))
+    assert not unanswered.right and "no answer yet" in unanswered.markdown()
+    right = notebook.check_choice("faster", "Chain", "chain", ("chain", "tree"), why="1.20x against 1.05x")
+    assert right.right and "1.20x against 1.05x" in right.markdown()
+    wrong = notebook.check_choice("faster", "tree", "chain", ("chain", "tree"))
+    assert not wrong.right and "try again" in wrong.markdown()
+    with pytest.raises(ValueError, match="not one of"):
+        notebook.check_choice("faster", "trie", "chain", ("chain", "tree"))
+    with pytest.raises(ValueError, match="this run's option"):
+        notebook.check_choice("faster", "tree", "both", ("chain", "tree"))

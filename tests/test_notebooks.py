@@ -83,8 +83,8 @@ def test_notebook_runs_on_the_real_pair(path, smol_workbook):
 
 
 # where the sliding-window pair takes another path: the refusal a notebook prints before it goes on on the tiny pair
-SLIDING_REFUSALS = {"05_flexattention_block_layout.ipynb": "the store holds full-attention layers only",
-                    "06_fumble_decoding.ipynb": "'fafo' cannot decode with a gemma3_text target"}
+SLIDING_REFUSALS = {"08_flexattention_block_layout.ipynb": "the store holds full-attention layers only",
+                    "07_fumble_decoding.ipynb": "'fafo' cannot decode with a gemma3_text target"}
 
 
 def test_the_sliding_pair_is_two_model_directories_a_user_could_pass(tmp_path):
@@ -283,7 +283,7 @@ def test_a_collapsed_solution_stays_collapsed_on_the_page(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["02_draft_trees_and_tree_masks.ipynb",  # make test: one notebook takes the tolerance
-                                  pytest.param("05_flexattention_block_layout.ipynb", marks=pytest.mark.full)])
+                                  pytest.param("08_flexattention_block_layout.ipynb", marks=pytest.mark.full)])
 def test_an_exactness_notebook_runs_in_bfloat16(name, tmp_path, monkeypatch):
     """A GPU's dtype: in bfloat16 the same logits computed two ways differ by ~0.1, so these notebooks' checks
     (a tree row against the sequential forward, compaction, the store's verify row) used to fail at 1e-3; they now

@@ -1,4 +1,4 @@
-"""Acceptance measured two ways: from a run's step records, and from the two models' distributions (notebook 03).
+"""Acceptance measured two ways: from a run's step records, and from the two models' distributions (notebook 04).
 
 Leviathan et al. (2023) model a chain's acceptance with one number, alpha = E[sum_x min(p(x), q(x))], the same at
 every draft position (i.i.d.), so E[tokens per step] = (1 - alpha^(gamma+1)) / (1 - alpha)
@@ -17,13 +17,16 @@ every draft position (i.i.d.), so E[tokens per step] = (1 - alpha^(gamma+1)) / (
 - `overlap(target_logits, draft_logits, temperature)`: beta = sum_x min(p(x), q(x)) per position, the
   probability that speculative sampling accepts a draft drawn from q there (greedy: 1 where the argmaxes agree);
 - `overlap_along(target, draft, tokens, start, temperatures)`: beta at every position of a text, one forward of
-  each model, for several temperatures: averaged over a run's tested positions, the acceptance it should measure.
+  each model, for several temperatures: averaged over a run's tested positions, the acceptance it should measure;
+- `chain_step(result, step, prompt, target)`: one step of a debug run token by token (`ChainStep`): the drafts,
+  the target's token under each, the accepted run and the target's own token (`viz.chain_step_figure`).
 
 Simplifications: chains only (a tree's rates need its walk, not its records' counts); the models' distributions
 are read teacher-forced along a finished text (the same logits as the run's cached forwards, up to rounding).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -32,8 +35,8 @@ import torch
 
 from ..sampling import SamplingConfig, probs
 
-__all__ = ["acceptance_by_depth", "acceptance_summary", "expected_tokens_by_depth", "overlap", "overlap_along",
-           "pooled_acceptance", "tested_positions"]
+__all__ = ["ChainStep", "acceptance_by_depth", "acceptance_summary", "chain_step", "expected_tokens_by_depth",
+           "overlap", "overlap_along", "pooled_acceptance", "tested_positions"]
 
 
 def _step_lists(runs) -> list[list[dict]]:
@@ -149,3 +152,68 @@ def overlap_along(target, draft, tokens, start: int, temperatures: Sequence[floa
             logits = model(input_ids=ids[None, :-1].to(device), logits_to_keep=keep).logits[0, -keep:]  # (keep, V)
             rows[name] = logits.float().cpu()
         return np.stack([overlap(rows["target"], rows["draft"], t).numpy() for t in temperatures])
+
+
+@dataclass(frozen=True)
+class ChainStep:
+    """One step of a chain method, token by token (positions relative to the root, the last committed token: draft
+    i sits at position i, and the target's token at position i is its choice after the context and drafts < i)."""
+    step: int  # index in result.stats["steps"]
+    context: list[int]  # the committed tokens before the step (prompt + output so far), the root last
+    drafted: list[int]  # the g drafts verified, position 1..g
+    target: list[int | None]  # g + 1: the target's token at positions 1..g + 1 (None: not computed)
+    accepted: int  # k: drafts accepted (drafted[:k] == target[:k])
+    next_token: int  # the target's own token, at position k + 1: a correction, or the bonus when k == g
+    emitted: list[int]  # what the step added to the output (drafted[:k] + [next_token], unless EOS cut it)
+
+    @property
+    def full(self) -> bool:
+        """Every draft accepted: the target's own token is a bonus, not a correction."""
+        return self.accepted == len(self.drafted)
+
+
+def _first_partial(steps) -> int:
+    """The first step that accepted some drafts and rejected one, else the first that drafted, else 0."""
+    for pick in (lambda s: 0 < s["accepted"] < s["tree_size"], lambda s: s["tree_size"] > 0):
+        found = [i for i, s in enumerate(steps) if pick(s)]
+        if found:
+            return found[0]
+    return 0
+
+
+def chain_step(result, step: int | None, prompt, target=None) -> ChainStep:
+    """Step `step` (None: the first that accepted some drafts and rejected one) of a chain method's
+    GenerationResult run with debug=True (its step records hold the tree: `loop.STEP_KEYS`' comment), token by token.
+
+    prompt: the run's input ids (a list, (P,) or (1, P)). Without `target` the target's tokens are the ones the
+    step read (the accepted drafts and its own token), None after the rejection; with the target model, one
+    teacher-forced forward over the context and the drafts gives its argmax at all g + 1 positions, checked
+    against the step (a ValueError if they differ: the step was sampled, or from another model)."""
+    steps = result.stats["steps"]
+    if not steps or "drafted" not in steps[0]:
+        raise ValueError("these step records hold no drafts: run generate(..., debug=True)")
+    step = _first_partial(steps) if step is None else step
+    if not 0 <= step < len(steps):
+        raise ValueError(f"step must be in [0, {len(steps) - 1}], got {step}")
+    s = steps[step]
+    drafted, k = list(s["drafted"]), s["accepted"]
+    if s["parents"] != list(range(-1, len(drafted) - 1)):
+        raise ValueError(f"step {step} drafted a tree ({len(drafted)} nodes at depth {s['depth']}), not a chain")
+    done = sum(r["emitted"] for r in steps[:step])
+    context = [int(t) for t in torch.as_tensor(prompt).reshape(-1).tolist()] + list(result.new_tokens[:done])
+    if context[-1] != s["root"]:
+        raise ValueError(f"the prompt and the output before step {step} end with {context[-1]}, the step's root is "
+                         f"{s['root']}: pass the run's prompt")
+    read = drafted[:k] + [s["next_token"]]
+    tokens = read + [None] * (len(drafted) - k)
+    if target is not None:
+        device = next(target.parameters()).device
+        with torch.inference_mode():
+            ids = torch.tensor([context + drafted], device=device)  # (1, C + g)
+            logits = target(input_ids=ids, logits_to_keep=len(drafted) + 1).logits[0]  # (g + 1, V)
+        tokens = logits.argmax(-1).tolist()
+        if tokens[:k + 1] != read:
+            raise ValueError(f"the target's argmax {tokens[:k + 1]} is not what step {step} read ({read}): a sampled "
+                             "step, or another target")
+    emitted = list(result.new_tokens[done:done + s["emitted"]])
+    return ChainStep(step, context, drafted, tokens, k, s["next_token"], emitted)

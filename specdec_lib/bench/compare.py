@@ -1,4 +1,4 @@
-"""Every method side by side (notebook 08): spread over repeats, per-category speedups, efficiency against each
+"""Every method side by side (notebook 12): spread over repeats, per-category speedups, efficiency against each
 method's own bound, and the README's benchmark table written from saved results.
 
 All functions read the per-run frame of `harness.run_bench` (one row per method, prompt, repeat) or the JSON
@@ -14,7 +14,7 @@ that `python -m specdec_lib.bench` writes.
   interpolated), and measured speedup / bound: the share of that bound it keeps after paying for drafting and
   bookkeeping. The peers record no steps, so they have no bound.
 - `never_slower(summaries)`, `load_summary(path)`: every method against the loop's own plain decoding
-  ("autoregressive") in each setting (pair, suite, context), with what its budgets chose (notebook 08's section
+  ("autoregressive") in each setting (pair, suite, context), with what its budgets chose (notebook 12's section
   "never slower", from saved runs of the harness and of `bench.long_context`).
 - `headline_table(results_dir)`: the README's one table, each column one saved run (HEADLINE names the files).
 - `markdown_table(results)`, `write_readme_table(readme, results)`: the results page's tables from one run per

@@ -1,4 +1,4 @@
-"""Per-step cost of attention over a compressed KV: FAFO's contiguous layout vs the alternatives (notebook 05).
+"""Per-step cost of attention over a compressed KV: FAFO's contiguous layout vs the alternatives (notebook 08).
 
 FAFO paper §4.4 and Appendix H claim that (a) keeping C(kv) contiguous in the first blocks, read through one
 static BlockMask, costs about the same at every context length, while (b) the same selection left where it is
@@ -172,7 +172,7 @@ def model_rows(model, length: int, kv_budget: int, block: int, repeats: int) -> 
         compat.forward(model, input_ids=token, position_ids=pos, cache=cache, logits_to_keep=1)
         kv_cache.rollback(cache, length)  # drop the step's own entry
 
-    previous = fl.attach(model)  # the model may come attached already (notebook 05): restored as found
+    previous = fl.attach(model)  # the model may come attached already (notebook 08): restored as found
     plain = previous if previous != fl.ATTENTION_NAME else "sdpa"
     try:
         store_full = median_ms(through_store(False), repeats, device)

@@ -1,4 +1,4 @@
-"""Where each method wins: decode speed against context length, every method in one run (notebook 06).
+"""Where each method wins: decode speed against context length, every method in one run (notebook 07).
 
     python -m specdec_lib.bench.long_context                       # the long pair on this machine, 1k-16k
     python -m specdec_lib.bench.long_context --lengths 1024 8192 --prompts 1 --out data/results --tag cpu
@@ -50,7 +50,7 @@ def run(pair, lengths=LENGTHS, methods=METHODS, prompts: int = 2, max_new_tokens
 
 
 def wide(summary: pd.DataFrame, value: str = "decode_speedup") -> pd.DataFrame:
-    """Methods as columns, context lengths as rows (the table of notebook 06 and of the README)."""
+    """Methods as columns, context lengths as rows (the table of notebook 07 and of the README)."""
     table = summary.pivot(index="context", columns="method", values=value)
     return table[[m for m in summary.method.unique() if m != "hf"]]
 

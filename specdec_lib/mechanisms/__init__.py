@@ -10,12 +10,12 @@ Reading order (notebook in brackets):
 - kv_cache: rollback, compaction, `ContiguousLayer`, the draft's `TrackedCache` (02-03);
 - verify: `Proposal`/`SideRows`/`Verdict`, one target forward, the tree walk, speculative sampling, the commit
   (02-03);
-- budget/: what a method holds for its draft size (facade `Budget`), the "auto" choosers (choosers, confidence,
-  side) and the costs they read (step_cost, cost_curve) (08, 09);
-- dynamic_tree: EAGLE-2's expand-and-rerank tree, for EAGLE's head and for a draft model (09);
 - store/: FAFO's KV store: compression (the functions C) -> flex_backend (BlockMasks, the attention function
   transformers calls) -> attention (one object per mode) -> layout (`FlexLayoutStore`: C(kv) contiguous
-  under one static BlockMask) (05-06);
+  under one static BlockMask) (07-08);
 - card/: CARD's drafter: tree (the width-K scored tree) -> drafter (in the caller's thread or a worker thread)
-  -> process (in a forked process) (07).
+  -> process (in a forked process) (09);
+- dynamic_tree: EAGLE-2's expand-and-rerank tree, for EAGLE's head and for a draft model (11);
+- budget/: what a method holds for its draft size (facade `Budget`), the "auto" choosers (choosers, confidence,
+  side) and the costs they read (step_cost, cost_curve) (11, 12).
 """

@@ -217,7 +217,7 @@ def render_layers(mask_mod: MaskMod, q_len: int, kv_len: int, layers=None, windo
     return {compat.FULL: render(mask_mod, q_len, kv_len, backend, dtype, device), compat.SLIDING: sliding}
 
 
-# ---- the tree forward of notebooks 02-04 (root + nodes against a cache of prefix_len tokens) ----------
+# ---- the tree forward of notebooks 02, 03 and 05 (root + nodes against a cache of prefix_len tokens) ----------
 
 def dense_tree_mask(tree_: DraftTree) -> torch.Tensor:
     """The tree part of the mask, bool (R, R) with the root first: what a figure draws."""

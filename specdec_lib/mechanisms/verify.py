@@ -428,7 +428,7 @@ def commit(cache, prefix_len: int, kept: list[int]) -> None:
     kv_cache.compact(cache, prefix_len, [0] + [i + 1 for i in kept])
 
 
-# ---- one tree step by hand (notebooks 02-04 teach with these) ------------------------------------------
+# ---- one tree step by hand (notebooks 02, 03 and 05 teach with these) ------------------------------------------
 
 def tree_logits(target, cache, tree: DraftTree, prefix_len: int, lazy: bool = False):
     """One forward of root + tree against a cache holding exactly `prefix_len` tokens; rows (1 + n, V).

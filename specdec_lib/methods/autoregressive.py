@@ -6,7 +6,7 @@ With a seed, its samples are one seeded draw per token from the warped p: a meth
 deterministic function of the history (tables, prompt lookup) draws the same tokens under the same seed.
 
 `greedy_through_store` runs the same proposer with the target reading a given store.layout.FlexLayoutStore
-(notebook 05 decodes through the block layout it builds): lossless with full rows, and with compressed=True
+(notebook 08 decodes through the block layout it builds): lossless with full rows, and with compressed=True
 every decoded row sees only what the store's compression keeps (StreamingLLM / Quest attention, not lossless).
 
 Simplifications: none beyond the loop's (batch size 1; stop at max_new_tokens or the first EOS).

@@ -17,7 +17,7 @@ down with its error, and the next one runs):
 
 Everything lands under `<out>/<device>/` (the GPU's name, lower-cased): the executed notebooks and their pages,
 one CSV per step, `summary.json` and `summary.md`. `--budget-s` skips the steps left when time runs out, saying
-so; `--size lease` shrinks the run to one device lease (6 prompts once, notebook 05 only). `--dry` shrinks it to
+so; `--size lease` shrinks the run to one device lease (6 prompts once, notebook 08 only). `--dry` shrinks it to
 a couple of minutes for a CPU and for CI (tests/test_gpu_report.py): one notebook in SMOKE mode, two prompts of
 8 tokens, one short layout case, scaled-down hub shapes, the models in bfloat16 (`--dtype`) so the half-precision
 paths run on a CPU too; its folder is `<out>/cpu-dry/`.
@@ -66,8 +66,8 @@ HUB_SHAPES = {
 FULL = dict(overhead_prompts=3, overhead_tokens=64, notebooks="*.ipynb", smoke=False, prompts=12, tokens=128, repeats=2,
             layout_lengths=[1024, 4096, 16384, 65536], layout=["--repeats", "20"],
             rows=(1, 2, 4, 8, 16, 32, 64, 128), prefix=1024, cost_repeats=15, shape_scale=1)
-# what fits one lease of a GPU machine (a command runs 10 minutes at most): fewer prompts, one repeat, notebook 05
-LEASE = dict(FULL, notebooks="05_*.ipynb", prompts=6, repeats=1, layout=["--repeats", "10"], cost_repeats=10)
+# what fits one lease of a GPU machine (a command runs 10 minutes at most): fewer prompts, one repeat, notebook 08
+LEASE = dict(FULL, notebooks="08_*.ipynb", prompts=6, repeats=1, layout=["--repeats", "10"], cost_repeats=10)
 DRY = dict(overhead_prompts=1, overhead_tokens=8, notebooks="01_*.ipynb", smoke=True, prompts=2, tokens=8, repeats=1,
            layout_lengths=[256], layout=["--rows", "4", "--kv-budget", "64", "--heads", "4", "--kv-heads", "2",
                    "--head-dim", "32", "--block", "32", "--repeats", "2", "--no-model"],
@@ -331,7 +331,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="auto", help="the models' dtype (auto: by capability; dry: bfloat16)")
     parser.add_argument("--budget-s", type=float, default=1200.0, help="skip the steps left after this many seconds")
     parser.add_argument("--size", default="full", choices=sorted(SIZES),
-                        help="full: every notebook, 12 prompts x 2; lease: notebook 05, 6 prompts x 1 (10 minutes)")
+                        help="full: every notebook, 12 prompts x 2; lease: notebook 08, 6 prompts x 1 (10 minutes)")
     parser.add_argument("--bench-runs", default=None, help="comma-separated numbers of BENCH_RUNS (default all)")
     parser.add_argument("--prompts", type=int, default=None, help="the bench's prompts (default: the size's)")
     parser.add_argument("--layout-lengths", type=int, nargs="+", default=None, help="flex_layout's context lengths")

@@ -76,7 +76,7 @@ def long_context_lines(models_dir: Path, short) -> list[str]:
             lines.append(f"| {role} | {name} | " + " | ".join(f"{x:.2f}" for x in losses) + " |")
     lines += ["", "Past the trained 1024 positions the shipped rope's loss climbs; with YaRN it stays far lower all "
               "the way (at a small cost inside the first 1024 positions), so the same models read long prompts: "
-              "what the long-context benchmark (`python -m specdec_lib.bench.long_context`, notebook 06) needs.", ""]
+              "what the long-context benchmark (`python -m specdec_lib.bench.long_context`, notebook 07) needs.", ""]
     return lines
 
 
@@ -301,7 +301,7 @@ def build_smol_card(threads: int | None = None) -> str:
         "",
         "The model speedup is the chain model of notebook 00, (1 - a^(g+1)) / ((1 - a)(g c + 1)), at the best g: "
         "what a draft of agreement a and cost ratio c could give if verifying g + 1 rows cost one row. It only "
-        "ranks the candidates; the measured speed of every method is in the README and notebook 08.",
+        "ranks the candidates; the measured speed of every method is in the README and notebook 12.",
         "",
         "## A greedy answer of the target (48 tokens, HumanEval-style request)",
         "",

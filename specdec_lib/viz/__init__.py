@@ -13,11 +13,11 @@ package only, so the rest of `specdec_lib` imports without them.
 - `acceptance`: what the target accepted per step and per token, the output distribution, acceptance by draft
   depth and against temperature;
 - `costs`: forward costs, expected speedups and tokens per step, what a batch achieves;
-- `layout`: FAFO's KV layout: block maps, the store's slots over steps, the per-step timing chart (05);
-- `fumble`: FAFO's guess streams over steps and its pool (06);
-- `timeline`: drafter and target busy intervals as a Gantt chart, and CARD's explorer (07);
+- `fumble`: FAFO's guess streams over steps and its pool (07);
+- `layout`: FAFO's KV layout: block maps, the store's slots over steps, the per-step timing chart (08);
+- `timeline`: drafter and target busy intervals as a Gantt chart, and CARD's explorer (09);
 - `compare`: every method side by side: per-category radar, efficiency against the bound, why (no) speedup
-  from the step records, what the budgets chose (08);
+  from the step records, what the budgets chose (12);
 - `bench`: benchmarks and ablations (speed against context, parameter sweeps, heatmaps, the ablation explorer).
 
 The public functions are re-exported here: `from specdec_lib import viz; viz.tree_figure(...)`.

@@ -1,4 +1,4 @@
-"""Benchmarks and ablations (notebooks 00, 03 and 04): methods side by side, sweeps, Table 1, Figure 4.
+"""Benchmarks and ablations (notebooks 00, 04, 05 and 06): methods side by side, sweeps, Table 1, Figure 4.
 
 Every figure takes a table from `specdec_lib.bench` (`harness.summarize`, `ablation.run_variants`,
 `ablation.table1`, `ablation.sweep`, `ablation.ll_fl_grid`) and returns a `go.Figure`:

@@ -1,4 +1,4 @@
-"""Every method side by side (notebook 08): per-category radar, efficiency against the bound, and "why no
+"""Every method side by side (notebook 12): per-category radar, efficiency against the bound, and "why no
 speedup?" from the per-step records.
 
 - `radar_figure(table)`: speedup over hf per category, one closed trace per method (Cacheback's Figure 3);

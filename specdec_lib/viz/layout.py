@@ -1,4 +1,4 @@
-"""FAFO's KV layout (notebook 05): block maps, the physical layout over decoding steps, the timing chart.
+"""FAFO's KV layout (notebook 08): block maps, the physical layout over decoding steps, the timing chart.
 
 - `block_map_figure(table)`: which KV blocks each query block loads (a bool (query blocks, KV blocks) table, as
   `flex_layout.block_table(block_mask)` computes it), one cell per block.

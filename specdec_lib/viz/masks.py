@@ -1,4 +1,4 @@
-"""Attention masks (notebooks 02 and 04): which query row may attend to which key column, as a heatmap.
+"""Attention masks (notebooks 02 and 05): which query row may attend to which key column, as a heatmap.
 
 - `mask_figure(mask, labels)`: a boolean mask (R, K), or a (1, 1, R, K) one as `mechanisms.masks` builds it,
   drawn with z = 1 where a row may attend; token labels on the axes when it is small enough to read.

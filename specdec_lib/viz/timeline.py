@@ -1,4 +1,4 @@
-"""Who computes when (notebook 07): drafter and target busy intervals as a Gantt chart.
+"""Who computes when (notebook 09): drafter and target busy intervals as a Gantt chart.
 
 - `timeline_figure(runs)`: runs = {label: {"draft": [(start, end), ...], "target": [...]}} (seconds), as
   `bench.timeline.busy_from_steps` / `busy_from_card` compute them; one lane per (run, side), bars where busy.

@@ -1,4 +1,4 @@
-"""Draft trees (notebooks 02 and 04): a tree laid out by depth and breadth, its accepted path, and an explorer.
+"""Draft trees (notebooks 02 and 05): a tree laid out by depth and breadth, its accepted path, and an explorer.
 
 - `tree_layout(tree)`: (x, y) of the root and every node: x = depth, y = breadth (leaves on consecutive
   rows, a parent between its first and last child, so a chain is a straight line).
@@ -8,7 +8,7 @@
   and its mask (`masks.mask_figure`) are regrown and redrawn. Growing a tree is a table lookup: no model runs
   unless the caller passes `accept_fn`.
 - `budget_explorer(run, prompts, budgets)`: a budget slider and a prompt picker over trees of several shapes
-  drafted at the same budget (notebook 09: a static and a dynamic EAGLE tree), each with its accepted path; the
+  drafted at the same budget (notebook 11: a static and a dynamic EAGLE tree), each with its accepted path; the
   caller's `run` drafts them.
 
 The explorer returns an ipywidgets box (ipywidgets is imported only there) carrying `.update()` (the callback

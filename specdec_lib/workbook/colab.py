@@ -3,7 +3,7 @@
     python -m specdec_lib.workbook.colab                      # rewrite every notebook from pyproject's Repository URL
     python -m specdec_lib.workbook.colab --repo URL           # change the URL (pyproject.toml and every notebook)
     python -m specdec_lib.workbook.colab --check              # exit 1 naming the notebooks that point elsewhere
-    python -m specdec_lib.workbook.colab notebooks/07_x.ipynb # only these notebooks
+    python -m specdec_lib.workbook.colab notebooks/09_x.ipynb # only these notebooks
 
 The URL lives in one place, `[project.urls] Repository` in pyproject.toml; the notebooks carry copies because on
 Colab the setup cell runs before the library exists. The setup cell (the first code cell) clones the repository

@@ -117,7 +117,7 @@ def long_run(name: str, compute, *, full: bool, pair, smoke: bool = False, setti
 
 def saved_name(name: str, pair) -> str:
     """The saved run's file stem: `name` for the tiny pairs (the workbook's default), `name_<pair>` for another
-    pair (e.g. 08_runs_smol), so each pair keeps its own table."""
+    pair (e.g. 12_runs_smol), so each pair keeps its own table."""
     if pair.name in ("tiny", "tiny-long"):
         return name
     return name + "_" + "".join(c if c.isalnum() or c in "-." else "_" for c in pair.name)
@@ -155,6 +155,43 @@ def check_answer(what: str, answer, expected: float, rel_tol: float = 0.05) -> A
     return AnswerCheck(what, answer, expected, rel_tol)
 
 
+class ChoiceCheck:
+    """A prediction among named options against the option this run's numbers pick (`check_choice`)."""
+
+    def __init__(self, what: str, answer, expected, options, why: str):
+        self.what, self.answer, self.expected, self.options, self.why = what, answer, expected, options, why
+        self.right = answer is not None and _option(answer) == _option(expected)
+
+    def markdown(self) -> str:
+        listed = " / ".join(str(o) for o in self.options)
+        if self.answer is None:
+            return f"{self.what}: no answer yet (one of {listed}; set it above and run the cell again)"
+        if self.right:
+            return f"{self.what}: {self.answer!s}, right ({self.why})"
+        return f"{self.what}: {self.answer!s} is not what this run shows; try again (or open the solution cell above)"
+
+    _repr_markdown_ = markdown
+
+    def __str__(self) -> str:
+        return self.markdown()
+
+
+def _option(value) -> str:
+    return str(value).strip().lower()
+
+
+def check_choice(what: str, answer, expected, options, why: str = "") -> ChoiceCheck:
+    """An exercise's predicted option (None: not answered yet) against `expected`, the option this run's numbers
+    pick; `why` (computed from the run) is shown once the answer is right. An answer that is not one of `options`
+    is a ValueError, so a typo is not graded as wrong."""
+    options = tuple(options)
+    if _option(expected) not in {_option(o) for o in options}:
+        raise ValueError(f"{what!r}: this run's option {expected!r} is not one of {options}")
+    if answer is not None and _option(answer) not in {_option(o) for o in options}:
+        raise ValueError(f"{what!r}: answer {answer!r} is not one of {options}")
+    return ChoiceCheck(what, answer, expected, options, why)
+
+
 def exact(dtype) -> bool:
     """Whether greedy tokens are expected to equal a plain decode's token for token in `dtype`: float32 and float64.
     In bfloat16 or float16 (a GPU's "auto") a forward of several rows rounds differently from a one-row step and
@@ -168,5 +205,5 @@ def exact(dtype) -> bool:
 def logit_tolerance(dtype) -> float:
     """How far the notebooks let two computations of the same logits differ: 1e-3 in float32/float64; 0.5 in
     half precision, above what rounding alone makes equal computations differ by and well below what a wrong mask
-    or a stale cache entry does (notebooks 02, 03 and 05 in bfloat16 on a CPU)."""
+    or a stale cache entry does (notebooks 02, 03 and 08 in bfloat16 on a CPU)."""
     return 1e-3 if exact(dtype) else 0.5

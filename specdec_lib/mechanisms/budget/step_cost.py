@@ -1,5 +1,5 @@
 """What one forward, and one step of the decoding loop, cost on this device: the timings `"auto"` draft budgets
-choose from (kept as curves by cost_curve.py, read by budget.py's choosers), and that notebooks 00 and 08 draw
+choose from (kept as curves by cost_curve.py, read by budget.py's choosers), and that notebooks 00 and 12 draw
 (bench.costs serves them there).
 
 - `forward_cost(model, rows, prefix)`: median milliseconds of ONE forward that feeds R new query rows (tokens)
@@ -8,7 +8,7 @@ choose from (kept as curves by cost_curve.py, read by budget.py's choosers), and
   for about the price of one.
 - `verify_cost(model, rows, prefix)`: what the decoding loop pays for a step of R rows: the loop's own `verify`
   of a draft tree of R - 1 nodes (tree mask, forward with the lazy head, the walk) and its `commit`. On a CPU
-  the mask and the masked attention add a share that grows with R (notebook 08, section 2, draws both curves).
+  the mask and the masked attention add a share that grows with R (notebook 12, section 2, draws both curves).
 
 Simplifications: batch size 1 (forward_cost takes `batch` for notebook 00's batch sweep); the prefix is random
 token ids (cost does not depend on the ids); the cache is rolled back to the prefix before every timed call, so

@@ -2,7 +2,7 @@
 on two GPUs exchanging tensors over NCCL). Here: two processes on one CPU, each with its own intra-op thread.
 
 Why a process and not a thread: on small models a forward is mostly Python and dispatcher work done holding the
-GIL, so a drafter thread slows the target's verify down and a drafter process barely does (notebook 07 measures
+GIL, so a drafter thread slows the target's verify down and a drafter process barely does (notebook 09 measures
 the target's step time in each mode).
 
     parent (the target, `DrafterProcess`)            child (`_drafter_main`, owns the draft's CardTree and KV)

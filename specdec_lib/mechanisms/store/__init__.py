@@ -1,4 +1,4 @@
-"""FAFO's KV store (Zhang et al. 2025, "Fast and Furious... FAFO"; notebooks 05-06): the compressed KV C(kv)
+"""FAFO's KV store (Zhang et al. 2025, "Fast and Furious... FAFO"; notebooks 07-08): the compressed KV C(kv)
 kept physically contiguous beside the full one under one static BlockMask.
 
 compression (the functions C: StreamingLLM, Quest) -> flex_backend (BlockMasks from block tables, flex eager or

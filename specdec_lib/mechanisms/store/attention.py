@@ -191,7 +191,7 @@ def choose_attention(device, dtype, heads: int, kv_heads: int, head_dim: int,
                      blocks: tuple[int, int] = (128, 128)) -> tuple[str, str]:
     """(mode, why) for attention="auto": "split" on a CPU, "compiled" on a GPU where it runs, else "split".
     blocks: the BlockMask's (query, KV) block sizes; Triton's kernels need multiples of 16 (a drawing's 2-row query
-    blocks in notebook 05 are not)."""
+    blocks in notebook 08 are not)."""
     device = torch.device(device)
     if device.type != "cuda":
         return "split", ("split on a CPU: each row reads only the committed slots it sees (a compressed row the "

@@ -145,7 +145,7 @@ def layout_attention(module, query, key, value, attention_mask, scaling=None, dr
 
 def check_model(model) -> None:
     """The ValueError `attach` raises for a model the store cannot serve (one that takes no custom attention
-    function, or has other than full-attention layers), before anything is changed; None where it can (notebook 05
+    function, or has other than full-attention layers), before anything is changed; None where it can (notebook 08
     asks first, to decode through another target)."""
     cfg = model.config
     if not getattr(model, "_supports_attention_backend", False):
