@@ -46,7 +46,8 @@ __all__ = ["LoopState", "Proposal", "Proposer", "SideRows", "Verdict", "decode",
 # fafo's find-out candidates, prompt lookup's num_tokens, draft_model's gamma, card's query cap) and extras of
 # the method's own. GenerationResult.stats holds STATS_KEYS ("config": the proposer's settings) and the
 # proposer's own counters; with an "auto" budget, "curve" (the cost curve it chose from last: the one at the last
-# context) and "costs" (every curve it read, by cached-prefix length).
+# context) and "costs" (every curve it read, by cached-prefix length). With debug=True a record also holds the step's
+# tree (root, drafted, parents), the accepted node indices (accepted_nodes) and the target's own token (next_token).
 STEP_KEYS = ("tree_size", "depth", "accepted", "emitted", "full", "draft_us", "verify_ms", "update_us")
 STATS_KEYS = ("steps", "drafted", "accepted", "acceptance_rate", "draft_us_median", "config")
 
@@ -138,6 +139,9 @@ def _steps(req, proposer, state, target, cache, spec, debug, lazy_head) -> Gener
         steps.append(dict(tree_size=len(tree), depth=tree.depth, accepted=len(verdict.accepted),
                           emitted=len(emitted), full=verdict.full, draft_us=(t1 - t0) * 1e6,
                           verify_ms=(t2 - t1) * 1e3, update_us=(t3 - t2) * 1e6, **proposal.info))
+        if debug:  # the step token by token (bench.acceptance.chain_step): the tree, the path, the target's token
+            steps[-1].update(root=tree.root, drafted=list(tree.tokens), parents=list(tree.parents),
+                             accepted_nodes=list(verdict.accepted), next_token=verdict.next_token)
         del proposal, verdict  # free this forward's hidden states before the next forward allocates its own
         if debug:
             length = kv_cache.cache_length(cache)

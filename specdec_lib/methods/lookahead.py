@@ -2,8 +2,7 @@
 
 Lookahead (Fu, Bailis, Stoica, Zhang 2024, "Break the Sequential Dependency of LLM Inference Using Lookahead
 Decoding", §3.1 lookahead branch, §3.2 verification branch, §3.3 both in one step); reference:
-hao-ai-lab/LookaheadDecoding (lade/decoding.py, lade/models/llama.py). N=5 as Spec-Bench runs it; W and G
-"auto" (window=7, guesses=7: Spec-Bench's).
+hao-ai-lab/LookaheadDecoding (lade/decoding.py, lade/models/llama.py). N=5 as Spec-Bench, W and G "auto" (7, 7).
 One step (root = the last committed token, P = its position):
     guesses:   up to G (N-1)-grams from the pool under the root, as a DraftTree trie; the loop's walk verifies
                them (greedy or sampling, lossless: the guesses are a deterministic function of the history);
@@ -12,7 +11,8 @@ One step (root = the last committed token, P = its position):
                guesses and the window never see each other; only the last level's rows reach the LM head;
     observe:   the argmax at each last-level row (also when sampling) closes one n-gram per column, pooled under
                its first token; level 0 is dropped and the predictions become the last level.
-The window's KV is dropped by the loop's commit; an accepted guess's KV stays in place (no re-feed).
+The window's KV is dropped by the loop's commit; an accepted guess's KV stays in place (no re-feed). With
+debug=True each step record holds its window: `window_steps(result)` reads one `WindowStep` per step.
 
 Against the reference: every level has W real tokens at P + 1 + i + j (the reference's width W + 1 without the
 root's column); warm-up as the reference (W + N - 2 prompt tokens drawn by a seeded RNG) but guesses ride already
@@ -27,6 +27,7 @@ Simplifications: batch size 1; the reference's EOS filter of the window is not d
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 import torch
 
@@ -151,15 +152,16 @@ class Lookahead(Proposer):
     def observe(self, state: LoopState, verdict) -> None:
         self.budget.record(verdict)
         if verdict.proposal.side is not None:  # else the window did not run: its levels wait as they are
-            self._shift_window(verdict)
+            self._shift_window(verdict, state.debug)
         if self.from_text:  # the n-grams the emitted tokens complete
             n_new, committed = len(verdict.emitted), state.committed
             for pool in (self.pool, self.text_pool):
                 if pool is not None:
                     pool.add_text(committed, self.N, max(0, len(committed) - n_new - self.N + 1))
 
-    def _shift_window(self, verdict) -> None:
-        """The window's step: pool its n-grams, shift its levels, and tell the window's budget what it cost."""
+    def _shift_window(self, verdict, debug: bool = False) -> None:
+        """The window's step: pool its n-grams, shift its levels, and tell the window's budget what it cost (with
+        `debug`, the step record's "window": its levels, the predictions and the n-grams pooled: `window_steps`)."""
         proposal, levels, cols = verdict.proposal, len(self.levels), len(self.levels[0])
         if self.side is not None:
             text_tree = proposal.carry["text_tree"]
@@ -168,14 +170,18 @@ class Lookahead(Proposer):
         # side_logits (cols, V): the last level's rows (logits_rows); argmax even when sampling: the window only
         # generates guesses
         preds = verdict.side_logits.argmax(dim=-1).tolist()
+        grams, ran = [], self.levels  # the levels this step's window rows held (replaced below, not mutated)
         if levels < self.N - 1:  # warm-up: the root moved on by one, so every level loses its column 0
             self.levels = [level[1:] for level in self.levels] + [preds[1:]]
         else:
             for j in range(cols):  # column j is the n-gram (level 0..N-2 tokens, prediction) at P+1+j..
                 gram = [level[j] for level in self.levels] + [preds[j]]
                 self.pool.add(gram[0], tuple(gram[1:]))
+                grams.append(tuple(gram))
             self.window_grams += cols
             self.levels = self.levels[1:] + [preds]  # drop level 0; the predictions are the new last level
+        if debug:  # the loop copies the proposal's info into the step record after `observe`
+            proposal.info["window"] = dict(levels=[list(level) for level in ran], predictions=preds, ngrams=grams)
 
     def stats(self) -> dict:
         return dict(config=dict(window="auto" if self.window_auto else self.W, ngram=self.N, guesses=self.G,
@@ -183,3 +189,39 @@ class Lookahead(Proposer):
                     **(self.side.stats() if self.side is not None else {}),
                     pool_keys=len(self.pool.grams), pool_ngrams=self.pool.size, window_ngrams=self.window_grams,
                     guesses_proposed=self.guesses_proposed)
+
+
+@dataclass(frozen=True)
+class WindowStep:
+    """One Lookahead step whose window ran, from a debug run's step record (positions relative to the root, the
+    last committed token before the step: level i, column j sits at root + 1 + i + j)."""
+    step: int  # index in result.stats["steps"]
+    root: int
+    levels: list[list[int]]  # the window's guess tokens, level 0 first (N - 1 levels of W; fewer during warm-up)
+    predictions: list[int]  # the target's argmax at each last-level row: the next level, column j at level len(levels)
+    ngrams: list[tuple[int, ...]]  # pooled this step (a column, top to bottom, + its prediction); none in warm-up
+    guesses: list[list[int]]  # the n-grams verified: the trie's branches under the root
+    accepted: list[int]  # the guess tokens the target accepted (a path of the trie)
+    next_token: int  # the target's own token after them
+    full: bool  # the accepted tokens are a whole guess: next_token is a bonus (else a correction)
+    emitted: list[int]  # what the step added to the output (accepted + next token, unless EOS cut it)
+
+
+def window_steps(result) -> list[WindowStep]:
+    """The `WindowStep` of every step whose window ran, from a GenerationResult of generate("lookahead", ...,
+    debug=True) (its step records hold "window" and the loop's tree keys)."""
+    steps, out, done = result.stats["steps"], [], 0
+    if steps and "drafted" not in steps[0]:
+        raise ValueError("these step records hold no windows: run generate('lookahead', ..., debug=True)")
+    for i, s in enumerate(steps):
+        emitted = list(result.new_tokens[done:done + s["emitted"]])
+        done += s["emitted"]
+        if "window" not in s:
+            continue
+        tree = DraftTree(s["root"], s["drafted"], s["parents"])
+        out.append(WindowStep(i, s["root"], s["window"]["levels"], s["window"]["predictions"],
+                              [tuple(g) for g in s["window"]["ngrams"]], [tree.path_tokens(leaf) for leaf in
+                                                                          tree.leaves()],
+                              [tree.tokens[n] for n in s["accepted_nodes"]], s["next_token"], bool(s["full"]),
+                              emitted))
+    return out

@@ -52,3 +52,12 @@ __all__ = ["CacheStep", "ablation_explorer", "acceptance_figure", "acceptance_ht
            "temperature_acceptance_figure",
            "table_explorer", "table_figure", "timeline_figure", "token_kinds", "token_text", "tree_explorer",
            "tree_figure", "tree_layout"]
+
+# the course's classic views (issue 55): one step token by token, Lookahead's window, the speedup model against a
+# benchmark, a tree's break-even, the speedup toy that needs no kernel
+from .acceptance import chain_step_figure  # noqa: E402
+from .costs import break_even_figure, speedup_model_figure, speedup_slider_figure  # noqa: E402
+from .fumble import lookahead_window_figure  # noqa: E402
+
+__all__ += ["break_even_figure", "chain_step_figure", "lookahead_window_figure", "speedup_model_figure",
+            "speedup_slider_figure"]

@@ -1,4 +1,4 @@
-"""How many draft tokens the target accepted, and what the accepted tokens are (notebooks 00, 03 and 04).
+"""How many draft tokens the target accepted, and what the accepted tokens are (notebooks 00, 03, 04 and 05).
 
 Per step and per token, from a `GenerationResult` and its per-step records (`result.stats["steps"]`: the same
 dict for every method, with `tree_size`, `accepted`, `emitted`, `full`, `draft_us`, ...):
@@ -17,6 +17,8 @@ dict for every method, with `tree_size`, `accepted`, `emitted`, `full`, `draft_u
   i.i.d. alpha^(d-1), from `bench.acceptance.acceptance_by_depth`.
 - `temperature_acceptance_figure(table)`: acceptance and MAT of speculative sampling against the temperature, with
   the acceptance the two models' overlap sum_x min(p, q) predicts.
+- `chain_step_figure(step, decode)`: one draft-and-verify step token by token (`bench.acceptance.chain_step`): the
+  context's last tokens, each draft over the target's token at its position, accepted / rejected / after it.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..bench.acceptance import pooled_acceptance
-from .common import ACCEPTED, BONUS, CORRECTION, DRAFTED, need_columns, step_records
+from .common import ACCEPTED, BONUS, CORRECTION, DRAFTED, cell_grid, need_columns, role_legend, step_records, token_text
 
 # background per decoding step; consecutive steps differ, and the cycle is long enough not to repeat nearby
 STEP_COLORS = ("#cfe8f3", "#fde2c8", "#d9f0d3", "#f2d7ee", "#fff3b0", "#d6def5", "#f8d3d3", "#e0ecd0")
@@ -287,4 +289,54 @@ def temperature_acceptance_figure(table, title: str | None = None) -> go.Figure:
     fig.update_yaxes(title_text="tokens per target forward", rangemode="tozero", row=1, col=2)
     fig.update_layout(template="plotly_white", legend=dict(orientation="h", y=-0.25),
                       title=title or "Speculative sampling: acceptance against temperature")
+    return fig
+
+
+REJECTED = "rgb(215,48,39)"  # the first draft the target disagreed with
+STEP_ROLES = {"context": "rgb(236,236,236)", "accepted": ACCEPTED, "rejected": REJECTED,
+              "after the rejection": "rgb(200,200,200)", "correction": CORRECTION, "bonus": BONUS}
+
+
+def chain_step_figure(step, decode: Callable | None = None, context: int = 6, title: str | None = None) -> go.Figure:
+    """One step of a chain (a `bench.acceptance.ChainStep`), token by token: row "drafted" holds the context's last
+    `context` tokens (the root at position 0) and the drafts at 1..g; row "target" the target's token at each
+    position: green where the two agree (accepted), the first draft it disagreed with red, the drafts after it and
+    the target's tokens under them grey (never read), and the target's own token at position k + 1 marked: a
+    correction (orange) or, when every draft was accepted, the bonus (gold) at g + 1. Token text via
+    `common.token_text`; cell roles in the heatmap's customdata."""
+    drafted, target, k = list(step.drafted), list(step.target), step.accepted
+    cells = {}
+    shown = step.context[-context:] if context > 0 else []
+    for i, token in enumerate(shown):
+        pos = i - len(shown) + 1  # the root at 0
+        cells[pos, "drafted"] = (token_text([token], decode), "context", f"context, position {pos}: id {token}")
+    for i, token in enumerate(drafted):
+        pos, agree = i + 1, i < k
+        role = "accepted" if agree else "rejected" if i == k else "after the rejection"
+        mine = target[i]
+        under = "not computed" if mine is None else f"{token_text([mine], decode)!r} (id {mine})"
+        cells[pos, "drafted"] = (token_text([token], decode), role,
+                                 f"position {pos}: drafted {token_text([token], decode)!r} (id {token}), the target's "
+                                 f"{under}: {role}")
+    for i, token in enumerate(target):
+        pos = i + 1
+        if token is None:
+            continue
+        role = ("accepted" if i < k else ("bonus" if step.full else "correction") if i == k
+                else "after the rejection")
+        what = {"bonus": "the bonus: every draft accepted", "correction": "the correction at the first rejection",
+                "accepted": "agrees with the draft", "after the rejection": "after a rejected draft: never read"}[role]
+        cells[pos, "target"] = (token_text([token], decode), role,
+                                f"position {pos}: the target's {token_text([token], decode)!r} (id {token}): {what}")
+    fig = go.Figure(cell_grid(cells, STEP_ROLES, rows=["drafted", "target"]))
+    for trace in role_legend(STEP_ROLES, shown={role for _, role, _ in cells.values()}):
+        fig.add_trace(trace)
+    fig.add_vline(x=0.5, line_dash="dot", line_color="grey")  # the context | the drafts
+    kind = "bonus" if step.full else "correction"
+    fig.update_layout(template="plotly_white", height=260, plot_bgcolor="white",
+                      title=title or f"Step {step.step}: {k} of {len(drafted)} drafts accepted, then the target's "
+                                     f"{kind} {token_text([step.next_token], decode)!r}",
+                      xaxis=dict(title="position (0: the last committed token)", dtick=1, showgrid=False),
+                      yaxis=dict(autorange="reversed", showgrid=False),
+                      legend=dict(orientation="h", y=-0.45))
     return fig

@@ -13,6 +13,8 @@ redraws, without importing each other's private names.
   and MAT `mat`, one name each, as `GenerationResult` and the saved tables do).
 - `prompt_options(prompts)`: dropdown options from prompt strings or {"id", "prompt"} dicts.
 - `render(view, *figures)`: replace an `Output` widget's content with figures: how every explorer redraws.
+- `cell_grid(cells, colors)`: token cells {(x, row): (text, role, hover)} as one heatmap trace, a colour per role,
+  the roles kept in its customdata (what tests and hover read); `role_legend(colors)`: legend entries for them.
 """
 from __future__ import annotations
 
@@ -71,3 +73,34 @@ def render(view, *figures) -> None:
     with view:
         for fig in figures:
             display(fig)
+
+
+def cell_grid(cells: dict, colors: dict, rows: list | None = None):
+    """One `go.Heatmap` of token cells: cells {(x, row): (text, role, hover)}, x integers (the columns present
+    and the gaps between them), `rows` the row labels top to bottom (default: in order of appearance); each cell
+    painted colors[role], empty cells blank. customdata holds each cell's role ("" where empty)."""
+    import plotly.graph_objects as go
+
+    rows = rows or list(dict.fromkeys(row for _, row in cells))
+    xs = list(range(min(x for x, _ in cells), max(x for x, _ in cells) + 1)) if cells else []
+    roles = list(colors)
+    code = {role: i for i, role in enumerate(roles)}
+    z = [[None] * len(xs) for _ in rows]
+    text, hover, kind = ([[""] * len(xs) for _ in rows] for _ in range(3))
+    for (x, row), (label, role, tip) in cells.items():
+        i, j = rows.index(row), x - xs[0]
+        z[i][j], text[i][j], hover[i][j], kind[i][j] = code[role], label, tip, role
+    n = max(len(roles), 1)  # one flat band of the colour scale per role
+    scale = [pair for i, role in enumerate(roles) for pair in ([i / n, colors[role]], [(i + 1) / n, colors[role]])]
+    return go.Heatmap(x=xs, y=rows, z=z, text=text, hovertext=hover, customdata=kind, texttemplate="%{text}",
+                      hoverinfo="text", colorscale=scale or [[0, "white"], [1, "white"]], zmin=-0.5,
+                      zmax=n - 0.5, showscale=False, xgap=3, ygap=3)
+
+
+def role_legend(colors: dict, shown=None) -> list:
+    """Legend-only traces (square markers) for the roles of a `cell_grid` (those in `shown`, default all)."""
+    import plotly.graph_objects as go
+
+    return [go.Scatter(x=[None], y=[None], mode="markers", name=role, showlegend=True,
+                       marker=dict(symbol="square", size=12, color=color))
+            for role, color in colors.items() if shown is None or role in shown]

@@ -11,6 +11,12 @@
   MAT over it (from `costs.formula_against_measured`).
 - `cost_figure(df, x, y, color)`: any timing against a parameter, one line per `color` group (table
   operations against capacity, mask building against rows, ...).
+- `speedup_model_figure(table)`: measured speedup against the model's, one marker per method, with y = x (from
+  `costs.speedup_against_model`).
+- `break_even_figure(result)`: tokens per step and per ms of a chain and a tree against the rows verified, the
+  break-even R marked (from `costs.tree_break_even`).
+- `speedup_slider_figure(alphas, cost_ratios)`: expected speedup against gamma, one line per c, a plotly slider
+  over alpha: every state precomputed, so it works in a static HTML page (no kernel).
 
 The numbers come from `specdec_lib.bench.costs` (`forward_cost`, `expected_speedup`); this module only draws.
 """
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from ..bench.costs import expected_speedup, expected_tokens_per_step
 from .common import render
@@ -165,3 +172,105 @@ def cost_figure(df, x: str, y: str, color: str | None = None, title: str | None 
     if log_x:
         fig.update_xaxes(type="log")
     return fig
+
+
+def speedup_model_figure(table, title: str | None = None) -> go.Figure:
+    """Measured speedup (y) against the speedup the model predicts (x) at each method's measured alpha, c and v,
+    one marker per row of `costs.speedup_against_model`, with y = x: above the line the method beat the model,
+    below it lost to what the model leaves out (Python per step, cache rollbacks, the prefill)."""
+    fig = go.Figure()
+    low = 0.0
+    high = max(1.0, float(np.nanmax(table[["predicted_speedup", "measured_speedup"]].to_numpy()))) * 1.1
+    fig.add_trace(go.Scatter(x=[low, high], y=[low, high], mode="lines", line=dict(color="grey", dash="dash"),
+                             name="y = x (the model exact)", hoverinfo="skip"))
+    mat = table["mat"] if "mat" in table else _nans(len(table))
+    custom = np.stack([table["alpha"], table["gamma"], table["cost_ratio"], table["verify_overhead"],
+                       table["expected_tokens"], mat], axis=1).tolist()
+    fig.add_trace(go.Scatter(
+        x=table["predicted_speedup"].tolist(), y=table["measured_speedup"].tolist(), mode="markers+text",
+        text=table["method"].tolist(), textposition="top center", marker=dict(size=11, color="crimson"),
+        customdata=custom, name="methods",
+        hovertemplate="%{text}<br>predicted %{x:.2f}x, measured %{y:.2f}x<br>alpha %{customdata[0]:.2f}, gamma "
+                      "%{customdata[1]}, c %{customdata[2]:.3f}, v %{customdata[3]:.2f}<br>E[tokens] "
+                      "%{customdata[4]:.2f}, MAT %{customdata[5]:.2f}<extra></extra>"))
+    fig.add_hline(y=1.0, line_dash="dot", line_color="lightgrey")
+    base = table["baseline"].iloc[0] if "baseline" in table and len(table) else "autoregressive"
+    fig.update_layout(template="plotly_white", title=title or f"The speedup model against the benchmark (over {base})",
+                      xaxis=dict(title="predicted speedup E[tokens] / (gamma c + v)", range=[low, high]),
+                      yaxis=dict(title=f"measured speedup over {base}", range=[low, high]), showlegend=True)
+    return fig
+
+
+def _nans(n: int) -> np.ndarray:
+    """n NaNs (a missing column's values in a hover)."""
+    return np.full(n, np.nan)
+
+
+def break_even_figure(result, title: str | None = None) -> go.Figure:
+    """A `costs.BreakEven` drawn against R, the rows verified: top, the tokens one step yields (chain, tree); bottom,
+    tokens per ms, the best chain's level dashed and the break-even R (the first where the tree beats it) marked."""
+    table = result.table
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1,
+                        subplot_titles=("tokens per step", "tokens per ms"))
+    for shape, color in (("chain", "rgb(49,130,189)"), ("tree", "rgb(230,85,13)")):
+        part = table.dropna(subset=[f"{shape}_tokens"])
+        name = "chain" if shape == "chain" else f"tree, width {result.width}"
+        for row, column in ((1, f"{shape}_tokens"), (2, f"{shape}_tokens_per_ms")):
+            fig.add_trace(go.Scatter(x=part["rows"].tolist(), y=part[column].tolist(), mode="lines+markers",
+                                     name=name, legendgroup=shape, showlegend=row == 1, line=dict(color=color),
+                                     customdata=part[f"{shape}_ms"].tolist(),
+                                     hovertemplate=f"{name}<br>R = %{{x}}<br>%{{y:.3f}}<br>%{{customdata:.3f}} ms a "
+                                                   "step<extra></extra>"), row=row, col=1)
+    fig.add_hline(y=result.best_chain_tokens_per_ms, line_dash="dash", line_color="rgb(49,130,189)", row=2, col=1,
+                  annotation_text=f"best chain (R = {result.best_chain_rows})", annotation_position="bottom right")
+    if result.break_even is not None:
+        fig.add_vline(x=result.break_even, line_dash="dot", line_color="black", row=2, col=1,
+                      annotation_text=f"tree pays from R = {result.break_even}", annotation_position="top left")
+    what = (f"the tree pays from R = {result.break_even}" if result.break_even is not None
+            else "the tree never beats the best chain here")
+    fig.update_xaxes(title_text="R: rows the target verifies (the root + the drafts)", row=2, col=1)
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_layout(template="plotly_white", height=560, title=title or f"Chain or tree: {what}")
+    return fig
+
+
+COLORWAY = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")  # one per c
+
+
+def speedup_slider_figure(alphas=np.round(np.linspace(0.1, 0.95, 18), 2), cost_ratios=(0.0, 0.05, 0.1, 0.2, 0.4),
+                          gammas=range(1, 17), verify_overhead: float = 1.0, active: int | None = None,
+                          title: str | None = None) -> go.Figure:
+    """Expected speedup (`costs.expected_speedup`) against gamma, one line per cost ratio c, with a plotly slider
+    over alpha: a trace per (alpha, c), every one precomputed, the slider's steps switching which are visible, so
+    the figure needs no Python behind it (`fig.write_html` gives a working page). `active`: the alpha index shown
+    first (default the middle one)."""
+    alphas, gammas = [float(a) for a in alphas], np.asarray(list(gammas), dtype=int)
+    if not alphas or not len(cost_ratios) or not len(gammas):
+        raise ValueError("need at least one alpha, one cost ratio and one gamma")
+    active = len(alphas) // 2 if active is None else active
+    fig = go.Figure()
+    top = 1.0
+    for i, alpha in enumerate(alphas):
+        for k, c in enumerate(cost_ratios):
+            y = expected_speedup(alpha, gammas, c, verify_overhead)
+            top = max(top, float(np.max(y)))
+            fig.add_trace(go.Scatter(x=gammas.tolist(), y=np.asarray(y).tolist(), mode="lines+markers",
+                                     name=f"c = {c:g}", visible=i == active, meta=dict(alpha=alpha, cost_ratio=c),
+                                     line=dict(color=COLORWAY[k % len(COLORWAY)]),
+                                     hovertemplate=f"alpha {alpha:.2f}, c {c:g}<br>gamma %{{x}}: %{{y:.2f}}x"
+                                                   "<extra></extra>"))
+    n = len(cost_ratios)
+    steps = [dict(method="update", label=f"{alpha:.2f}",
+                  args=[{"visible": [j // n == i for j in range(len(alphas) * n)]},
+                        {"title.text": _slider_title(alpha, verify_overhead, title)}])
+             for i, alpha in enumerate(alphas)]
+    fig.add_hline(y=1.0, line_dash="dash", line_color="grey")
+    fig.update_layout(template="plotly_white", title=_slider_title(alphas[active], verify_overhead, title),
+                      xaxis_title="gamma (draft length)", yaxis=dict(title="expected speedup", range=[0, top * 1.05]),
+                      sliders=[dict(active=active, steps=steps, currentvalue=dict(prefix="alpha = "), pad=dict(t=50))],
+                      legend_title="draft/target cost")
+    return fig
+
+
+def _slider_title(alpha: float, verify_overhead: float, title: str | None) -> str:
+    return title or f"Expected speedup at alpha = {alpha:.2f} (verify overhead {verify_overhead:.2f})"
