@@ -1,0 +1,44 @@
+"""Every exercise takes the student's answer and says right or wrong (issue 55): a static check of the notebooks."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+
+
+def exercises(cells) -> list[int]:
+    """The numbers of the exercises listed under the notebook's `## Exercises` heading."""
+    numbers, inside = [], False
+    for cell in cells:
+        if cell["cell_type"] != "markdown":
+            continue
+        for line in "".join(cell["source"]).splitlines():
+            if line.startswith("## "):
+                inside = line.strip() == "## Exercises"
+            elif inside and (match := re.match(r"(\d+)\. ", line)):
+                numbers.append(int(match.group(1)))
+    return numbers
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem[:2])
+def test_every_exercise_checks_the_students_answer(path):
+    cells = json.loads(path.read_text())["cells"]
+    listed = exercises(cells)
+    assert listed, f"{path.name}: no numbered exercise under '## Exercises'"
+    checks = {}
+    for cell in cells:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "code" and (match := re.match(r"# Exercise (\d+), check your answer", source)):
+            checks[int(match.group(1))] = source
+    for number in listed:
+        assert number in checks, f"{path.name}: exercise {number} has no '# Exercise {number}, check your answer' cell"
+        source = checks[number]
+        assert re.search(r"notebook\.check_(answer|choice)\(", source), (
+            f"{path.name}: exercise {number}'s check cell grades nothing (notebook.check_answer / check_choice)")
+        # the answer is the student's: typed in the cell as None, never this run's value assigned to it
+        assert re.search(r"^MY_\w+ = None\b", source, re.M), (
+            f"{path.name}: exercise {number}'s check cell has no `MY_... = None` answer for the student to set")
