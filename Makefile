@@ -43,8 +43,10 @@ $(BROWSER_STAMP): $(STAMP)
 
 env: $(STAMP)
 
+# Two notebooks at once, one thread each (run_notebooks.kernel_threads): on 2 cores the workbook's wall time halves.
+WORKBOOK_JOBS ?= 2
 workbook: $(STAMP)
-	$(BIN)/python -m specdec_lib.workbook.run_notebooks --out figures
+	$(BIN)/python -m specdec_lib.workbook.run_notebooks --out figures --jobs $(WORKBOOK_JOBS)
 
 # Every notebook with FULL = True: the long sweeps measured again, their tables saved in data/results/notebooks
 # (about half an hour here; `make workbook` shows those tables without rerunning them).

@@ -1,4 +1,5 @@
-"""Every exercise takes the student's answer and says right or wrong (issue 55): a static check of the notebooks."""
+"""A course of class sessions (issue 55), checked statically: every notebook fits one class session by its
+reading count, and every exercise takes the student's answer and says right or wrong."""
 from __future__ import annotations
 
 import json
@@ -42,3 +43,23 @@ def test_every_exercise_checks_the_students_answer(path):
         # the answer is the student's: typed in the cell as None, never this run's value assigned to it
         assert re.search(r"^MY_\w+ = None\b", source, re.M), (
             f"{path.name}: exercise {number}'s check cell has no `MY_... = None` answer for the student to set")
+
+
+PROSE_WORDS_PER_MINUTE = 100  # careful reading of technical prose with formulas
+MINUTES_PER_CELL = 1.5  # reading a main-path code cell and its output
+SESSION_MINUTES = 90  # one class session: 60-90 minutes of reading
+
+
+def reading_minutes(cells) -> float:
+    """The notebook's reading time by the course's count: its markdown words at PROSE_WORDS_PER_MINUTE, plus
+    MINUTES_PER_CELL for each main-path code cell (exercise solutions and checks, read after the class, left out)."""
+    words = sum(len("".join(c["source"]).split()) for c in cells if c["cell_type"] == "markdown")
+    main = [c for c in cells if c["cell_type"] == "code"
+            and not re.match(r"# (Exercise|Exercises|Solution)", "".join(c["source"]))]
+    return words / PROSE_WORDS_PER_MINUTE + MINUTES_PER_CELL * len(main)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem[:2])
+def test_every_notebook_fits_one_class_session(path):
+    minutes = reading_minutes(json.loads(path.read_text())["cells"])
+    assert minutes <= SESSION_MINUTES, f"{path.name}: about {minutes:.0f} minutes of reading: split it"
