@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from specdec_lib.workbook import run_notebooks
+
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 
 
@@ -54,8 +56,7 @@ def reading_minutes(cells) -> float:
     """The notebook's reading time by the course's count: its markdown words at PROSE_WORDS_PER_MINUTE, plus
     MINUTES_PER_CELL for each main-path code cell (exercise solutions and checks, read after the class, left out)."""
     words = sum(len("".join(c["source"]).split()) for c in cells if c["cell_type"] == "markdown")
-    main = [c for c in cells if c["cell_type"] == "code"
-            and not re.match(r"# (Exercise|Exercises|Solution)", "".join(c["source"]))]
+    main = [c for c in cells if c["cell_type"] == "code" and not run_notebooks.is_exercise_cell(c)]
     return words / PROSE_WORDS_PER_MINUTE + MINUTES_PER_CELL * len(main)
 
 
