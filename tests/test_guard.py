@@ -138,3 +138,31 @@ def test_a_step_the_guard_stops_is_plain_in_every_method(tiny_pair64, tiny_pair,
     assert result.new_tokens == reference
     assert seen and not any(seen), seen
     assert all(s["tree_size"] == 0 for s in result.stats["steps"])
+
+
+def test_card_times_plain_steps_before_drafting_so_a_busy_curve_keeps_no_slow_draft(monkeypatch):
+    """CARD's width="auto" judges its drafted steps against plain ones. A curve measured while the machine was
+    busier prices a plain step far too high (here 1 s); were that price the reference, a slow draft (a sleep in
+    its forward) would look as if it paid and draft on. On a measured curve the first steps after the prompt's are
+    plain and timed, so drafting stops after its first trial; the tokens stay the target's."""
+    from specdec_lib.mechanisms.budget import facade
+    from specdec_lib.methods.card import PLAIN_FIRST
+
+    target, draft = random_lm(seed=5, logit_scale=20.0), random_lm(seed=9, layers=1)
+    ids = repeating_prompt(30, 5, target.config.vocab_size)
+    reference = generate("hf", target, ids, 64).new_tokens
+    busy = C.CostCurve.from_points({1: 1000.0, 128: 1001.0})
+    monkeypatch.setattr(facade, "resolve_curve", lambda costs, model, upto=0: busy)  # "measured", but busy
+    original = draft.forward
+
+    def slow(*args, **kwargs):
+        time.sleep(0.02)  # far beyond a plain step of this small target
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(draft, "forward", slow)
+    result = generate("card", target, ids, 64, draft=draft)
+    assert result.new_tokens == reference
+    steps = result.stats["steps"]
+    assert all(s["tree_size"] == 0 for s in steps[1:1 + PLAIN_FIRST])  # timed before anything drafts
+    assert result.stats["plain_step_ms"] < 100  # what a plain step took here, not the curve's 1000 ms
+    assert result.stats["plain_steps"] >= 0.8 * result.target_forwards, result.stats["plain_steps"]

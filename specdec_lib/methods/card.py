@@ -35,7 +35,7 @@ import torch
 from ..env import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
 from ..mechanisms.budget import Budget, ChainBudget, SideBudget, is_auto
-from ..mechanisms.budget.cost_curve import reach
+from ..mechanisms.budget.cost_curve import estimating, reach
 from ..mechanisms.card.drafter import WORKER_NAME, SyncDrafter, ThreadDrafter, growable
 from ..mechanisms.card.process import DrafterProcess
 from ..mechanisms.draft_tree import ROOT, DraftTree
@@ -48,6 +48,7 @@ DRAFT_DEVICES = (None, "cpu")
 AUTO_WIDTH = 8  # width="auto": this width while drafting pays, else plain steps
 PROBE_STEPS, PROBE_EVERY = 3, 64  # width="auto": drafted steps judged at first and per probe; plain steps per probe
 PLAIN_DECAY = 0.9  # width="auto": the decayed mean of the measured plain steps' ms
+PLAIN_FIRST = 2  # width="auto" on a measured curve: plain steps timed before the first drafted one
 _DRAFT_COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # draft -> its CPU copy
 
 
@@ -66,9 +67,11 @@ class Card(Proposer):
 
     width: K, or "auto": AUTO_WIDTH while drafting pays. Every drafted step records what it yielded and what it
     took (propose to observe, plus the last correction) against one token per plain step's time: the decayed mean
-    (PLAIN_DECAY) of this generation's own plain steps once there are some (the loop's Python work and the verdict
-    included), before that the cost curve's t(1), which prices the forward alone and so favours plain steps until
-    one is measured. When drafting loses the drafter is left as it is; every PROBE_EVERY plain steps it is
+    (PLAIN_DECAY) of this generation's own plain steps (the loop's Python work and the verdict included). On a
+    measured curve the first PLAIN_FIRST steps after the prompt's are plain and timed before anything drafts: a
+    curve measured while the machine was busier prices a plain step too high, and weak drafting would look as if
+    it paid. On an injected or estimated curve (taken as given) its t(1) stands in until a plain step is timed.
+    When drafting loses the drafter is left as it is; every PROBE_EVERY plain steps it is
     corrected to the committed text (a miss: it restarts there) and tried for PROBE_STEPS steps. The ablation
     (correction=False) always drafts: it never corrects the drafter, so it could not restart it.
     ratio: layers per query (sync mode grows them right after the query, where they would run beside the target's
@@ -140,7 +143,7 @@ class Card(Proposer):
         self.target_device = req.input_ids.device
         draft, committed = draft_on(req.draft, self.draft_device), state.committed
         self.side, self.drafting, self.plain_steps, self._prefill = None, True, 0, True
-        # drafted steps (measured) against plain ones (the curve's t(1)): the module doc; the ablation never
+        # drafted steps (measured) against plain ones (timed here): the module doc; the ablation never
         # corrects the drafter, so it cannot restart it: it always drafts
         if self.width_auto and self.correction:
             # a drafted step's verdict is clear after a few steps (no window to fill first), and each probe restarts
@@ -149,6 +152,9 @@ class Card(Proposer):
                                    warmup=PROBE_STEPS, probe_len=PROBE_STEPS, probe_every=PROBE_EVERY,
                                    horizon=req.max_new_tokens)
             self._t_propose, self._correct_ms, self._plain_ms = None, 0.0, None
+        # plain steps still to time before drafting (none where the curve is injected or estimated: taken as given)
+        measured = self.side is not None and self.budget.costs.get("costs") is None and not estimating()
+        self._untimed = PLAIN_FIRST if measured else 0
         # On a CPU both sides share the cores: one intra-op thread each. A GPU target needs few CPU threads:
         # it keeps what it has and a CPU drafter gets as many.
         cpu_target, threads = self.target_device.type == "cpu", torch.get_num_threads()
@@ -179,7 +185,7 @@ class Card(Proposer):
         # sync mode under width="auto": the prompt's step is plain, so the drafter's prefill of the prompt runs in
         # the first drafted step, where the warm-up's allowance counts it (it is what trying the draft costs)
         first = self._prefill and self.side is not None and self.mode == "sync"
-        if first or (self.side is not None and not self.side.choose(len(state.committed))):
+        if first or self._untimed or (self.side is not None and not self.side.choose(len(state.committed))):
             self.drafting = False  # a plain step; the drafter waits as it is
             self.plain_steps += 1
             info = dict(draft_size=0, card_nodes=0, card_layers=0, hit=None)
@@ -220,6 +226,7 @@ class Card(Proposer):
             if prefill:
                 return
             took = 1e3 * (time.perf_counter() - self._t_propose)
+            self._untimed = max(0, self._untimed - 1)
             self._plain_ms = took if self._plain_ms is None else PLAIN_DECAY * self._plain_ms + (1 - PLAIN_DECAY) * took
             return
         now = time.perf_counter()
