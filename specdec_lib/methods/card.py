@@ -35,7 +35,7 @@ import torch
 from ..env import check_int
 from ..loop import LoopState, Proposal, Proposer, register_proposer
 from ..mechanisms.budget import Budget, ChainBudget, SideBudget, is_auto
-from ..mechanisms.budget.cost_curve import estimating, reach
+from ..mechanisms.budget.cost_curve import reach
 from ..mechanisms.card.drafter import WORKER_NAME, SyncDrafter, ThreadDrafter, growable
 from ..mechanisms.card.process import DrafterProcess
 from ..mechanisms.draft_tree import ROOT, DraftTree
@@ -153,8 +153,7 @@ class Card(Proposer):
                                    horizon=req.max_new_tokens)
             self._t_propose, self._correct_ms, self._plain_ms = None, 0.0, None
         # plain steps still to time before drafting (none where the curve is injected or estimated: taken as given)
-        measured = self.side is not None and self.budget.costs.get("costs") is None and not estimating()
-        self._untimed = PLAIN_FIRST if measured else 0
+        self._untimed = PLAIN_FIRST if self.side is not None and self.budget.measured else 0
         # On a CPU both sides share the cores: one intra-op thread each. A GPU target needs few CPU threads:
         # it keeps what it has and a CPU drafter gets as many.
         cpu_target, threads = self.target_device.type == "cpu", torch.get_num_threads()

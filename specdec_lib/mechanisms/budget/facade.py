@@ -129,6 +129,12 @@ class Budget:
     def auto(self) -> bool:
         return is_auto(self.value)
 
+    @property
+    def measured(self) -> bool:
+        """Its target curve is timed on this machine: not injected (costs=, taken as given) and not estimated (the
+        tests price steps from parameter counts and read no clock). Only then may a choice follow the clock."""
+        return self.costs.get("costs") is None and not estimating()
+
     def curve(self, model, upto: int = 0, name: str = "costs"):
         """The curve injected as `name`, or `model`'s measured here (cost_curve.resolve_curve)."""
         return resolve_curve(self.costs.get(name), model, upto)
@@ -140,8 +146,7 @@ class Budget:
         guard=False where the method's steps run side rows the guard cannot stop (a fixed window or streams: no
         step of it is plain, so none would price a plain step)."""
         self.chooser = build(self.curve(request.target, reach(request))) if self.auto else Fixed(self.value)
-        timed = (guard and self.auto and request.sampling.greedy and self.costs.get("costs") is None
-                 and not estimating())  # tests price steps from parameter counts and read no clock
+        timed = guard and self.auto and request.sampling.greedy and self.measured
         self.guard = Guard() if timed else None
 
     def may_draft(self) -> bool:
