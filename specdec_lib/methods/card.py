@@ -46,7 +46,7 @@ MODES = ("sync", "thread", "process")
 WAIT_S = 120.0  # the longest propose waits for the drafter / finish waits for the worker to stop
 DRAFT_DEVICES = (None, "cpu")
 AUTO_WIDTH = 8  # width="auto": this width while drafting pays, else plain steps
-PROBE_STEPS, PROBE_EVERY = 3, 64  # width="auto": drafted steps judged at first and per probe; plain steps per probe
+PROBE_STEPS, PROBE_EVERY = 2, 64  # width="auto": drafted steps judged at first and per probe; plain steps per probe
 PLAIN_DECAY = 0.9  # width="auto": the decayed mean of the measured plain steps' ms
 PLAIN_FIRST = 2  # width="auto" on a measured curve: plain steps timed before the first drafted one
 _DRAFT_COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # draft -> its CPU copy
