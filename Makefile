@@ -115,13 +115,14 @@ NEVER_TINY ?= hf,autoregressive,prompt_lookup,prompt_lookup@num_tokens=10,draft_
 NEVER_SMOL ?= hf,autoregressive,hf_prompt_lookup,hf_assisted,$(subst hf$(comma)autoregressive$(comma),,$(NEVER_TINY))
 NEVER_LONG ?= hf,autoregressive,prompt_lookup,cacheback,lookahead,lookahead@window=7+guesses=7,fafo,fafo@streams=10
 # tasks no budget was tuned on (tools/unseen_prompts.py: a whole-code rename, chat, translation), defaults only;
-# 3 interleaved repeats (median per prompt): on 4 prompts one run's noise here is about as large as the 5 % it judges
+# 5 interleaved repeats (median per prompt; the table adds the paired median per block): on 4 prompts one run's
+# drift here is about as large as the 5 % it judges
 NEVER_UNSEEN ?= hf,autoregressive,prompt_lookup,draft_model,cacheback,lookahead,fafo,card,eagle
 comma := ,
 bench-never: $(STAMP)
 	for suite in code editing; do $(BIN)/python -m specdec_lib.bench --models tiny --suite $$suite --methods $(NEVER_TINY) --max-new-tokens 128 --limit 12 --repeats 1 --no-progress --out data/results --tag cpu_never || exit 1; done
 	for suite in humaneval editing; do $(BIN)/python -m specdec_lib.bench --models smol --suite $$suite --methods $(NEVER_SMOL) --max-new-tokens 96 --limit 6 --repeats 1 --no-progress --out data/results --tag cpu_never_smol || exit 1; done
-	for suite in rename chat translation; do $(BIN)/python -m specdec_lib.bench --models smol --suite $$suite --methods $(NEVER_UNSEEN) --max-new-tokens 96 --limit 4 --repeats 3 --no-progress --out data/results --tag cpu_never_smol || exit 1; done
+	for suite in rename chat translation; do $(BIN)/python -m specdec_lib.bench --models smol --suite $$suite --methods $(NEVER_UNSEEN) --max-new-tokens 96 --limit 4 --repeats 5 --no-progress --out data/results --tag cpu_never_smol || exit 1; done
 	$(BIN)/python -m specdec_lib.bench.long_context --lengths 8192 --methods $(NEVER_LONG) --prompts 2 --max-new-tokens 96 --out data/results --tag cpu_never
 	$(BIN)/python -m specdec_lib.bench.compare --never --readme docs/results.md
 	$(BIN)/python -m specdec_lib.bench.compare --headline --readme README.md

@@ -12,6 +12,7 @@ import pytest
 from specdec_lib import load_models
 from specdec_lib.env import PROMPTS_DIR
 from specdec_lib.bench import load_suite, parse_variant, run_bench, summarize
+from specdec_lib.bench.harness import paired
 from specdec_lib.corpus import is_heldout
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -144,3 +145,23 @@ def test_run_bench_variants_are_rows_of_their_own(pair):
     assert seen == [(1, 3), (2, 3), (3, 3)]
     table = summarize(runs).set_index("method")
     assert table.loc["cacheback@tdl=8+crt=2", "mat"] >= 1.0
+
+
+def test_paired_ratio_cancels_the_drift_between_blocks():
+    # plain decoding's time drifts 3x between blocks (the machine); "slow" takes 1.25x plain's in every block, "odd"
+    # loses 10 % in five blocks and wins 2x in one (a mean of the ratios would call it faster)
+    drift = {("a", 0): 10.0, ("a", 1): 30.0, ("a", 2): 12.0, ("b", 0): 11.0, ("b", 1): 33.0, ("b", 2): 10.0}
+    rows = []
+    for (prompt, repeat), t in drift.items():
+        odd = t * (0.5 if (prompt, repeat) == ("a", 1) else 1.1)
+        for method, wall in (("hf", t), ("autoregressive", t), ("slow", 1.25 * t), ("odd", odd)):
+            rows.append(dict(method=method, prompt_id=prompt, repeat=repeat, new_tokens=8, wall_seconds=wall,
+                             target_forwards=8, matches_hf=True))
+    runs = pd.DataFrame(rows)
+    ratios = paired(runs, "autoregressive")
+    assert ratios["autoregressive"] == 1.0 and ratios["slow"] == pytest.approx(0.8)
+    assert ratios["odd"] == pytest.approx(1 / 1.1)  # 5 of 6 blocks lose 10 %: the one big win does not hide it
+    table = summarize(runs).set_index("method")
+    assert table.loc["slow", "paired_vs_autoregressive"] == pytest.approx(0.8)
+    assert table.loc["odd", "paired_vs_autoregressive"] == pytest.approx(1 / 1.1)
+    assert table.loc["hf", "paired_vs_autoregressive"] == 1.0

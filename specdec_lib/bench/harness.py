@@ -232,7 +232,9 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
     add `hit_rate` (card's cache hits) and `overlap` (the fraction of wall time drafter and target both computed,
     bench/timeline.py). What the budgets chose: `mean_draft_size`, `plain_share` (steps that verified no draft),
     `side_share` (steps Lookahead's window or FAFO's streams ran); with "autoregressive" in the run,
-    `vs_autoregressive` (tokens/s over the loop's own plain decoding: "never slower")."""
+    `vs_autoregressive` (tokens/s over the loop's own plain decoding: "never slower") and `paired_vs_autoregressive`
+    (`paired`: the median over (prompt, repeat) of plain decoding's time over the method's in that interleaved
+    block, where a drift of the machine between blocks cancels)."""
     timed = "prefill_seconds" in runs  # runs saved before the prefill was timed apart have no such column
     phases = dict(prefill_seconds=("prefill_seconds", "median"), prefill_tokens=("prefill_tokens", "median")) \
         if timed else {}
@@ -259,6 +261,7 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
     loop = table.loc[table.method == "autoregressive", "tokens_per_s"]  # the loop with no draft ("never slower")
     if len(loop):
         table.insert(4, "vs_autoregressive", table.tokens_per_s / loop.iloc[0])
+        table.insert(5, "paired_vs_autoregressive", table.method.map(paired(runs, "autoregressive")))
     if timed:  # the two phases against hf's: decode speedup, and prefill time as a multiple of hf's
         hf_row = table[table.method == "hf"]
         table["decode_speedup"] = (table.decode_tokens_per_s / hf_row.decode_tokens_per_s.iloc[0] if len(hf_row)
@@ -266,6 +269,15 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
         table["prefill_vs_hf"] = table.prefill_ms / hf_row.prefill_ms.iloc[0] if len(hf_row) else math.nan
     table["_first"] = table.method != "hf"
     return table.sort_values("_first", kind="stable").drop(columns="_first").reset_index(drop=True)
+
+
+def paired(runs: pd.DataFrame, reference: str) -> dict[str, float]:
+    """{method: median over the (prompt, repeat) blocks both ran of reference's wall time over the method's in the
+    same block}: tokens/s over the reference's where both made the same tokens, with the machine's drift between
+    blocks (seconds to minutes apart) cancelled; the neighbours of one block ran seconds apart."""
+    wall = runs.set_index(["prompt_id", "repeat", "method"]).wall_seconds.unstack("method")  # (blocks, methods)
+    ratios = wall.rdiv(wall[reference], axis=0)  # reference's time over each method's, block by block
+    return {method: float(ratios[method].median()) for method in ratios.columns}
 
 
 def machine_info(pair=None) -> dict:
