@@ -355,6 +355,22 @@ def test_chain_budget_probes_a_draft_after_plain_steps():
     assert picks == ([0] * (wait - 1) + [1]) * 2, picks
 
 
+def test_budget_learns_from_chains_it_did_not_draft():
+    """A proposer whose drafts cost nothing to make (prompt lookup) reads a plain step's chain against the text that
+    followed (`Budget.record_unverified`): the counts move between probes."""
+    budget = B.Budget("num_tokens", "auto", costs=DEAR)
+    budget.chooser = B.ChainBudget(DEAR, max_len=8, explore=0.0, probe_every=50, trial_share=None)
+    for _ in range(10):
+        budget.chooser.record(8, 0)  # drafts rejected at depth 1: plain steps pay
+    assert [budget.choose(10) for _ in range(3)] == [0, 0, 0]
+    for _ in range(30):
+        budget.record_unverified(4, 4)  # the text repeats: 4 depths accepted, deeper ones unknown
+    assert budget.choose(10) >= 2 and budget.chooser.reached[5:].sum() < 1  # unread depths: not reached
+    fixed = B.Budget("num_tokens", 4)
+    fixed.record_unverified(8, 8)  # a fixed budget learns nothing
+    assert fixed.choose(10) == 4
+
+
 @pytest.mark.parametrize("curve, winner", [(CHEAP, 32), (DEAR, 0), (KERNEL, 8)])
 def test_tree_budget_picks_the_best_expected_speed_on_synthetic_curves(curve, winner):
     """Ladder 0 (a plain step: 1 token for 1 row) .. 32 nodes, each yielding what a tree of that size would on

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specdec_lib import generate, loop
-from specdec_lib.methods.prompt_lookup import AUTO_MAX_TOKENS, NgramIndex, continuation
+from specdec_lib.methods.prompt_lookup import AUTO_MAX_TOKENS, READ_AFTER, NgramIndex, continuation
 
 from helpers import SHIPPED_PROMPTS, autoregressive_samples, random_lm, repeating_prompt
 
@@ -96,6 +96,23 @@ def test_repetitive_prompt_gets_long_acceptances(models):
     assert result.new_tokens == generate("hf", target, ids, 40).new_tokens
     assert result.mat > 3 and max(result.accept_lengths) == 11  # 10 drafts + the bonus
     assert result.stats["acceptance_rate"] > 0.5
+
+
+def test_auto_plain_steps_learn_from_the_text_that_followed(models):
+    """num_tokens="auto" where the prior (a weak draft) says no chain pays at 5 ms a row: on a looping text the plain
+    steps' chains, read against the tokens emitted after them, turn drafting on once READ_AFTER tokens have followed
+    the first; with nothing learnt from plain steps the first draft would wait for a probe (15 steps here)."""
+    from specdec_lib.mechanisms.budget.cost_curve import CostCurve
+
+    target = models["llama", 0]
+    ids = _looping_prompt(target, 0)
+    curve = CostCurve.from_points({1: 10.0, 2: 15.0, 33: 170.0})  # injected: no clock, the same choices each run
+    result = generate("prompt_lookup", target, ids, 40, num_tokens="auto", costs=curve, debug=True)
+    assert result.new_tokens == generate("hf", target, ids, 40).new_tokens
+    sizes = [step.get("draft_size") for step in result.stats["steps"]]
+    first = next(i for i, size in enumerate(sizes) if size)
+    assert sizes[1] == 0 and first <= READ_AFTER + 2, sizes  # plain at first (the prior), then read the text
+    assert result.mat > 2
 
 
 def test_shipped_pair_float64(tiny_pair64, tiny_pair):

@@ -12,15 +12,15 @@ Saxena 2023 (github.com/apoorvumang/prompt-lookup-decoding); HF ships it as `pro
 Which match: by default the MOST RECENT one (match="recent"); match="earliest" takes the first one. The
 original and HF both take the earliest (left-to-right scan), and both cut the copy at the end of the text.
 We take the latest because recent text predicts better (Cacheback's MRU reasoning), and a latest match near
-the end is copied with overlap, like LZ77: a continuation that runs past the end goes on with the copy
-itself (text repeating with period p keeps repeating), so it still proposes num_tokens tokens.
+the end is copied with overlap, like LZ77 (text repeating with period p keeps repeating past the end).
 Defaults: max_ngram=3 (the original's; HF's max n is 2) and num_tokens="auto" (the original fixes 10).
-
 Lookup: an index {n-gram: position} per n (`NgramIndex`), extended with each step's new tokens: O(new tokens *
 max_ngram) a step, not a scan of the whole text (the original and HF scan with unfold).
-num_tokens="auto" (mechanisms/budget/): at each match the chain length g in 0..32 (0: no draft, where none pays;
-probed again every 16 such matches) maximising E[tokens | g] / t(g + 1), E from P(accept depth d | depth d
-reached) over this generation's matched steps, t the target's cost curve (cached per device + model + dtype).
+num_tokens="auto" (mechanisms/budget/): at each match the chain length g in 0..32 (0: no draft, where none pays)
+maximising E[tokens | g] / t(g + 1), E from P(accept depth d | depth d reached) over this generation's matched
+steps, t the target's cost curve (cached per device + model + dtype). A copy costs nothing to make, so a plain
+step at a match learns too: the chain it would have drafted is read against the tokens emitted after it (the
+target's own, whatever was drafted), and drafting resumes as soon as the text repeats again.
 
 Simplifications: batch size 1; one candidate (no tree of several matches).
 """
@@ -78,6 +78,7 @@ def continuation(seq: list[int], start: int, count: int, eos: int | None = None)
 
 
 AUTO_MAX_TOKENS = 32  # num_tokens="auto" picks 1..32 tokens per step
+READ_AFTER = 8  # "auto": a plain step's chain, equal so far to the text emitted after it, is counted after 8 tokens
 
 
 @register_proposer("prompt_lookup")
@@ -101,6 +102,7 @@ class PromptLookup(Proposer):
         self.index = NgramIndex(self.min_ngram, self.max_ngram, earliest=self.match == "earliest")
         self.index.extend(state.committed)
         self.budget.start(state.request, lambda curve: ChainBudget(curve, max_len=AUTO_MAX_TOKENS))
+        self.unverified: list[tuple[int, list[int]]] = []  # (position of a plain step's token, its chain)
 
     def propose(self, state: LoopState, max_depth: int) -> Proposal:
         committed = state.committed
@@ -108,6 +110,8 @@ class PromptLookup(Proposer):
         if not n:  # no match: no draft, no draft size
             return Proposal(DraftTree.chain(committed[-1], []), info=dict(ngram=n))
         count = min(self.budget.choose(len(committed), max_depth), max_depth)
+        if count == 0 and self.budget.auto:  # a plain step at a match: what it would have drafted, read later
+            self.unverified.append((len(committed), continuation(committed, start, AUTO_MAX_TOKENS, self.eos)))
         drafts = continuation(committed, start, count, self.eos)
         info = dict(ngram=n, **self.budget.info(count))
         return Proposal(DraftTree.chain(committed[-1], drafts), info=info)
@@ -115,6 +119,23 @@ class PromptLookup(Proposer):
     def observe(self, state: LoopState, verdict) -> None:
         self.budget.record(verdict)  # steps with a draft only
         self.index.extend(state.committed)  # indexes only the n-grams it has not seen
+        self._read_unverified(state.committed)
+
+    def _read_unverified(self, committed: list[int]) -> None:
+        """Plain steps' chains against the tokens emitted from their step on: the verdict at the first difference;
+        with none after READ_AFTER tokens, those depths accepted and the deeper ones unknown (as a chain that long,
+        fully accepted), so that a repeat is seen a few steps after it starts. The generation's end drops the rest."""
+        waiting = []
+        for at, chain in self.unverified:
+            emitted = committed[at:at + len(chain)]
+            accepted = next((i for i, (a, b) in enumerate(zip(chain, emitted)) if a != b), len(emitted))
+            if accepted < len(emitted):
+                self.budget.record_unverified(len(chain), accepted)
+            elif len(emitted) >= min(len(chain), READ_AFTER):
+                self.budget.record_unverified(len(emitted), len(emitted))
+            else:
+                waiting.append((at, chain))
+        self.unverified = waiting
 
     def stats(self) -> dict:
         return dict(config=dict(num_tokens=self.num_tokens, max_ngram=self.max_ngram, min_ngram=self.min_ngram,

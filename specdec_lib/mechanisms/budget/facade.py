@@ -210,6 +210,13 @@ class Budget:
         if ms is not None and self.costs.get("costs") is None and proposal.side is None:
             self.chooser.record_ms(len(proposal.tree) + 1, ms)
 
+    def record_unverified(self, drafted: int, accepted: int) -> None:
+        """A plain step's chain of `drafted` tokens, never verified, of which the text emitted after it spelt the
+        first `accepted` (prompt lookup's: a copy costs nothing to make): counted as a verified chain (a
+        ChainBudget's); nothing when fixed."""
+        if self.auto:
+            self.chooser.record(drafted, accepted)
+
     def stats(self) -> dict:
         """What a method with an 'auto' budget adds to its stats (nothing if fixed): the cost curve it chose from
         last ("curve") and every curve it read ("costs"), and what a judge learnt (EAGLE's head price, its
