@@ -469,6 +469,11 @@ def test_trying_side_rows_costs_a_bounded_share_of_the_time():
     for _ in range(3):  # this probe pays: judged after its probe_len steps, on
         side.record(*pays)
         assert side.choose()
+    # a step that loses 4 ms: after it, a second would pass the 6 ms (4 + 4 = 8): off after one, not after two
+    mild = B.SideBudget(FLAT, probe_len=3, warmup=12, horizon=20, trial_share=0.03)
+    assert mild.choose()
+    mild.record(1.0, 14.0, 1.0, 10.0)
+    assert not mild.choose() and mild.lost() == pytest.approx(4.0)  # within the allowance
     unbounded = B.SideBudget(FLAT, probe_len=3, warmup=12, trial_share=None, horizon=20)
     runs = 0
     while unbounded.choose() and runs < 50:

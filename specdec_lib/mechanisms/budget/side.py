@@ -27,9 +27,9 @@ class SideBudget:
 
         lost = sum(ms on) - sum(tokens on) x sum(ms off) / sum(tokens off)     (this trial's steps, undecayed),
 
-    and ends, off, as soon as that passes its allowance: `trial_share` x the plain time of the `horizon` tokens the
-    generation makes (the warm-up; none given: no allowance), or `trial_share` x the plain time of the steps run
-    off since the last trial (a probe). The next probe waits until `trial_share` of the plain time of every step so
+    and ends, off, as soon as one more step losing its steps' mean would pass its allowance (so it never overshoots
+    by a step): `trial_share` x the plain time of the `horizon` tokens the generation makes (the warm-up; none
+    given: no allowance), or `trial_share` x the plain time of the steps run off since the last trial (a probe). The next probe waits until `trial_share` of the plain time of every step so
     far and until then covers what every trial lost, the next one's expected loss (the last trial's per step x
     `probe_len`) included: the warm-up's allowance is the whole horizon's, so a probe does not add its own on top. Where the side rows cost about as much as a whole plain step (many fumble rows
     where extra rows are dear), the warm-up ends after a step or two and probes are rare; where side rows are
@@ -114,7 +114,10 @@ class SideBudget:
             return False
         if self.allowance is None and self.horizon is not None and self.trial[2]:  # the warm-up's
             self.allowance = self.trial_share * self.horizon * self.trial[3] / self.trial[2]
-        return self.allowance is not None and self.lost() > self.allowance
+        # off once the next step, losing what this trial's did on average, would pass the allowance: a trial whose
+        # steps each lose a plain step or two would otherwise overshoot it by a whole step
+        lost = self.lost()
+        return self.allowance is not None and lost + max(0.0, lost) / max(1, self.trial_steps) > self.allowance
 
     def _off(self) -> None:
         """Switch the side rows off; the next probe when the plain steps' allowance covers what a probe loses."""
