@@ -118,8 +118,8 @@ def efficiency(runs: pd.DataFrame, costs: pd.DataFrame, baseline: str = "hf", de
 
 # ---- never slower ------------------------------------------------------------------------------------------
 
-NEVER_COLUMNS = ["vs_autoregressive", "paired_vs_autoregressive", "decode_vs_autoregressive", "speedup", "mat", "mean_draft_size",
-                 "plain_share", "side_share", "all_match_hf"]
+NEVER_COLUMNS = ["vs_autoregressive", "paired_vs_autoregressive", "decode_vs_autoregressive", "speedup", "mat",
+                 "mean_draft_size", "plain_share", "side_share", "all_match_hf"]
 
 
 def load_summary(path) -> tuple[pd.DataFrame, dict]:
@@ -207,8 +207,10 @@ def never_markdown(table: pd.DataFrame, metas: dict) -> str:
                 row.append("-")
                 continue
             value = getattr(r, NEVER_FILES.get(setting, (None, "vs_autoregressive"))[1])
-            pair = getattr(r, "paired_vs_autoregressive", None) if metas.get(setting, {}).get("repeats", 1) > 1 else None
-            row.append(f"{value:.2f}" + ("" if pair is None or pd.isna(pair) else f" ({pair:.2f})")
+            repeated = metas.get(setting, {}).get("repeats", 1) > 1  # one run: the paired ratio adds nothing
+            paired_ratio = getattr(r, "paired_vs_autoregressive", None) if repeated else None
+            shown = paired_ratio is not None and not pd.isna(paired_ratio)
+            row.append(f"{value:.2f}" + (f" ({paired_ratio:.2f})" if shown else "")
                        + (" (differs!)" if getattr(r, "all_match_hf", None) is False else ""))
         lines.append(f"| {method} | " + " | ".join(row) + " |")
     lines += ["", "Measured: " + "; ".join(f"{s} {when(metas.get(s, {}))}" for s in settings) + "."]

@@ -112,10 +112,10 @@ class ChainBudget(PricedSteps):
     """Chain length g from per-depth acceptance (see the module doc). draft_ms(g): the drafting time of g.
     plain: g = 0 (no draft) is a candidate; after `probe_every` plain steps in a row, one step drafts the best
     g >= 1 (a probe: a plain step teaches nothing about acceptance, unless the proposer reads the chain it would
-    have drafted against the text emitted after it, `Budget.record_unverified`; probes still time the rows). A probe loses, by the estimates without
-    the optimism, draft_ms(g) + t(g + 1) - E[tokens | g] x t(1); it waits until `trial_share` of the plain
-    steps' time since the last one covers that (where a drafted step costs far more than a plain one, probes come
-    more rarely than every `probe_every`)."""
+    have drafted against the text emitted after it, `Budget.record_unverified`; probes still time the rows). A
+    probe loses, by the estimates without the optimism, draft_ms(g) + t(g + 1) - E[tokens | g] x t(1); it waits
+    until `trial_share` of the plain steps' time since the last one covers that (where a drafted step costs far
+    more than a plain one, probes come more rarely than every `probe_every`)."""
 
     def __init__(self, curve, max_len: int = 16, draft_ms: Callable[[int], float] | None = None,
                  prior: float = CHAIN_PRIOR, strength: float = 2.0, explore: float = 0.25, plain: bool = True,

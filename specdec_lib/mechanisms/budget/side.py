@@ -29,11 +29,12 @@ class SideBudget:
 
     and ends, off, as soon as one more step losing its steps' mean would pass its allowance (so it never overshoots
     by a step): `trial_share` x the plain time of the `horizon` tokens the generation makes (the warm-up; none
-    given: no allowance), or `trial_share` x the plain time of the steps run off since the last trial (a probe). The next probe waits until `trial_share` of the plain time of every step so
-    far and until then covers what every trial lost, the next one's expected loss (the last trial's per step x
-    `probe_len`) included: the warm-up's allowance is the whole horizon's, so a probe does not add its own on top. Where the side rows cost about as much as a whole plain step (many fumble rows
-    where extra rows are dear), the warm-up ends after a step or two and probes are rare; where side rows are
-    nearly free, nothing changes."""
+    given: no allowance), or `trial_share` x the plain time of the steps run off since the last trial (a probe).
+    The next probe waits until `trial_share` of the plain time of every step so far and until then covers what
+    every trial lost, the next one's expected loss (the last trial's per step x `probe_len`) included: the
+    warm-up's allowance is the whole horizon's, so a probe does not add its own on top. Where the side rows cost
+    about as much as a whole plain step (many fumble rows where extra rows are dear), the warm-up ends after a step
+    or two and probes are rare; where side rows are nearly free, nothing changes."""
 
     def __init__(self, costs, context: int = 0, cheap_context: int | None = None, probe_every: int = 48,
                  probe_len: int = 12, warmup: int = 12, decay: float = 0.97, horizon: int | None = None,
