@@ -69,6 +69,19 @@ def test_drafting_that_pays_goes_on_with_a_reference_step_now_and_then():
     assert guard.on and guard.gain == pytest.approx(2.5 / 14.0 * 10.0)
 
 
+def test_drafting_that_only_breaks_even_stops_but_a_small_sure_gain_goes_on():
+    """The margin: 1.01x the plain steps' tokens per ms is noise on a busy machine, not a gain worth its risk; 1.06x
+    is kept."""
+    for speedup, keeps in ((1.01, False), (1.06, True)):
+        clock = Clock()
+        guard = Guard(judge_after=3, margin=0.03, clock=clock)
+        allowed = run(guard, clock, lambda ok: (True, 2.0, 20.0 / speedup) if ok else (False, 1, 10.0), 60)
+        assert guard.gain == pytest.approx(speedup)
+        assert (sum(allowed) > 50) == keeps, (speedup, allowed)
+    with pytest.raises(ValueError, match="margin"):
+        Guard(margin=1.5)
+
+
 def test_a_budget_guards_only_measured_greedy_choices():
     """An injected curve is taken as given (its choices reproduce), and under sampling no choice follows the
     clock: no guard there; a fixed budget is honoured exactly."""

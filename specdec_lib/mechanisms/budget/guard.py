@@ -8,9 +8,11 @@ guard reads the realised throughput instead: the wall time from one step's start
 target's forward, the verdict, the commit, the method's update) and the tokens each step emitted, drafted steps
 and plain steps apart. Drafting goes on while
 
-    decayed sum(tokens, drafted steps) / sum(ms, drafted steps)  >=  1 / (decayed mean ms of a plain step)
+    decayed sum(tokens, drafted steps) / sum(ms, drafted steps)  >=  (1 + margin) / (decayed mean ms of a plain step)
 
-judged after `judge_after` drafted steps of a trial, then at every drafted step. When it does not hold the method
+judged after `judge_after` drafted steps of a trial, then at every drafted step. The `margin` is there because
+both sides are noisy estimates: drafting that only breaks even gains nothing, and one that looks like it on a few
+steps may lose a few % over the generation (a busy CPU's steps vary by more than that). When it does not hold the method
 takes plain steps (its chooser is not asked: `Budget.choose` says the plain size, side rows stay off) until the
 next trial, which waits until `trial_share` of the plain time of every step so far covers what every trial lost,
 the next one's expected loss included (choosers.trial_wait), so trying costs a bounded share of the time. A
@@ -35,11 +37,14 @@ class Guard:
     its record, the next proposal, the forward, the verdict); `allowed` says whether the next step may draft."""
 
     def __init__(self, judge_after: int = 3, reference_every: int = 32, probe_every: int = 16,
-                 decay: float = 0.9, trial_share: float | None = TRIAL_SHARE, clock=time.perf_counter):
+                 decay: float = 0.9, trial_share: float | None = TRIAL_SHARE, margin: float = 0.03,
+                 clock=time.perf_counter):
         self.judge_after = check_int("judge_after", judge_after, 1)
         self.reference_every = check_int("reference_every", reference_every, 2)
         self.probe_every = check_int("probe_every", probe_every, 1)
-        self.decay, self.trial_share, self.clock = decay, trial_share, clock
+        if not 0 <= margin < 1:
+            raise ValueError(f"margin must be in [0, 1), got {margin!r}")
+        self.decay, self.trial_share, self.margin, self.clock = decay, trial_share, margin, clock
         self.drafted = [0.0, 0.0]  # decayed (tokens, ms) of this trial's drafted steps
         self.plain_ms: float | None = None  # decayed mean of the plain steps' ms
         self.trial = [0, 0.0, 0.0]  # this trial's drafted steps, tokens, ms (undecayed: what it lost)
@@ -77,7 +82,8 @@ class Guard:
         self.drafted = [self.decay * self.drafted[0] + tokens, self.decay * self.drafted[1] + ms]
         self.trial = [self.trial[0] + 1, self.trial[1] + tokens, self.trial[2] + ms]
         if self.on and self.plain_ms is not None and self.trial[0] >= self.judge_after:
-            if self.drafted[0] * self.plain_ms < self.drafted[1]:  # fewer tokens per ms than plain steps
+            # fewer tokens per ms than plain steps by the margin
+            if self.drafted[0] * self.plain_ms < (1 + self.margin) * self.drafted[1]:
                 self._off()
 
     def _off(self) -> None:
