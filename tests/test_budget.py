@@ -484,6 +484,18 @@ def test_trying_side_rows_costs_a_bounded_share_of_the_time():
         B.SideBudget(FLAT, trial_share=1.5)
 
 
+def test_a_warm_up_that_cannot_reach_its_verdict_is_not_run():
+    """`step_loss`: side rows priced at 5 ms over a 10 ms plain step, a 12-step warm-up, 96 tokens: 12 x 5 = 60 ms
+    against an allowance of 0.03 x 96 x 10 = 28.8 ms, so the warm-up could only end in its verdict if the rows paid
+    from its first steps: they start off, and the first probe waits until 3 % of the plain time covers its 3 x 5 ms
+    (50 steps). At 2 ms a step (24 ms) the warm-up runs as before."""
+    dear = B.SideBudget(FLAT, probe_every=10, probe_len=3, warmup=12, horizon=96, step_loss=5.0)
+    runs = [dear.choose() for _ in range(50)]
+    assert runs == [False] * 49 + [True] and dear.stats()["side_warmup_skipped"]
+    cheap = B.SideBudget(FLAT, probe_every=10, probe_len=3, warmup=12, horizon=96, step_loss=2.0)
+    assert cheap.choose() and not cheap.stats()["side_warmup_skipped"]
+
+
 @pytest.mark.parametrize("method, knob", [("lookahead", "window"), ("fafo", "streams")])
 def test_side_rows_run_only_while_they_pay(method, knob):
     """Lookahead's window and FAFO's streams, "auto", the text's n-grams left out of the pool (so a step without

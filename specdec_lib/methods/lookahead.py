@@ -114,8 +114,10 @@ class Lookahead(Proposer):
         self.side = self.text_pool = None
         if self.window_auto:  # the pool without the window's n-grams: what a step without it would guess
             costs = self.budget.curve(state.request.target, reach(state.request))
-            self.side, self.text_pool = SideBudget(costs, context=len(prompt),
-                                                     horizon=state.request.max_new_tokens), NgramPool(cap)
+            window_rows = (self.N - 1) * self.W  # the filled window's rows, every step it runs
+            at = costs.at(len(prompt))
+            self.side, self.text_pool = SideBudget(costs, context=len(prompt), horizon=state.request.max_new_tokens,
+                                                   step_loss=at(1 + window_rows) - at(1)), NgramPool(cap)
         for pool in (self.pool, self.text_pool) if self.from_text else ():
             if pool is not None:
                 pool.add_text(prompt, self.N)

@@ -34,11 +34,17 @@ class SideBudget:
     every trial lost, the next one's expected loss (the last trial's per step x `probe_len`) included: the
     warm-up's allowance is the whole horizon's, so a probe does not add its own on top. Where the side rows cost
     about as much as a whole plain step (many fumble rows where extra rows are dear), the warm-up ends after a step
-    or two and probes are rare; where side rows are nearly free, nothing changes."""
+    or two and probes are rare; where side rows are nearly free, nothing changes.
+
+    `step_loss`, when given, is what a step with the side rows costs beyond one without them by the curve (ms),
+    before any step: a warm-up of `warmup` such steps that would lose more than its allowance unless the side rows
+    paid from its first steps cannot reach its verdict (FAFO's stream guesses are found k steps on), so it is not
+    run: the side rows start off, and the first probe waits, as every later one, for its expected loss
+    (`probe_len` x step_loss) to be covered."""
 
     def __init__(self, costs, context: int = 0, cheap_context: int | None = None, probe_every: int = 48,
                  probe_len: int = 12, warmup: int = 12, decay: float = 0.97, horizon: int | None = None,
-                 trial_share: float | None = TRIAL_SHARE):
+                 trial_share: float | None = TRIAL_SHARE, step_loss: float | None = None):
         self.costs, self.curve = costs, costs.at(context)
         self.cheap = None if cheap_context is None else costs.at(cheap_context)
         self.probe_every = check_int("probe_every", probe_every, 1)
@@ -56,6 +62,12 @@ class SideBudget:
         self.plain_ms = None  # ms of a step without the side rows, over the last trial
         self.cut_short = 0  # trials ended by their allowance
         self.lost_total = 0.0  # what every trial so far lost (ms)
+        self.skipped = False  # the warm-up was not run (step_loss: it could not reach its verdict)
+        if step_loss is not None and trial_share is not None and self.horizon is not None:
+            plain = self.curve(1)  # ms of a step without side rows, before one is run
+            if warmup * max(0.0, step_loss) > trial_share * self.horizon * plain:
+                self.on, self.in_trial, self.skipped, self.plain_ms = False, False, True, plain
+                self.next_probe = trial_wait(probe_every, probe_len * step_loss, plain, trial_share)
 
     def choose(self, context: int | None = None) -> bool:
         """Run the side rows this step? (the curve read at `context` tokens)."""
@@ -140,7 +152,7 @@ class SideBudget:
 
     def stats(self) -> dict:
         return dict(side_on_steps=self.on_steps, side_gain=None if self.gain is None else round(self.gain, 3),
-                    side_trials_cut=self.cut_short)
+                    side_trials_cut=self.cut_short, side_warmup_skipped=self.skipped)
 
 
 def text_tree_yield(tree, emitted) -> float:
