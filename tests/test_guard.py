@@ -179,3 +179,47 @@ def test_card_times_plain_steps_before_drafting_so_a_busy_curve_keeps_no_slow_dr
     assert all(s["tree_size"] == 0 for s in steps[1:1 + PLAIN_FIRST])  # timed before anything drafts
     assert result.stats["plain_step_ms"] < 100  # what a plain step took here, not the curve's 1000 ms
     assert result.stats["plain_steps"] >= 0.8 * result.target_forwards, result.stats["plain_steps"]
+
+
+def test_card_prices_a_plain_step_at_its_fastest_recent_one_and_times_it_again(monkeypatch):
+    """One slow plain step among the few CARD times (a hiccup of the machine: 0.3 s) must not price every later
+    plain step: a decayed mean started there would let a slow draft draft on; the fastest of the last PLAIN_KEEP
+    does not. And while drafting runs on, a plain step is timed again every REFERENCE_EVERY drafted steps."""
+    from specdec_lib.mechanisms.budget import facade
+    from specdec_lib.methods import card as card_module
+
+    target, draft = random_lm(seed=5, logit_scale=20.0), random_lm(seed=9, layers=1)
+    ids = repeating_prompt(30, 5, target.config.vocab_size)
+    reference = generate("hf", target, ids, 64).new_tokens
+    cheap = C.CostCurve.from_points({1: 1.0, 128: 2.0})
+    monkeypatch.setattr(facade, "resolve_curve", lambda costs, model, upto=0: cheap)
+    original_target, original_draft, calls = target.model.forward, draft.forward, [0]
+
+    def hiccup(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 2:  # the first plain step after the prompt's
+            time.sleep(0.3)
+        return original_target(*args, **kwargs)
+
+    def slow(*args, **kwargs):
+        time.sleep(0.02)
+        return original_draft(*args, **kwargs)
+
+    monkeypatch.setattr(target.model, "forward", hiccup)  # the loop reads the target's last hidden states
+    monkeypatch.setattr(draft, "forward", slow)
+    result = generate("card", target, ids, 64, draft=draft)
+    assert result.new_tokens == reference
+    assert result.stats["plain_step_ms"] < 100, result.stats["plain_step_ms"]
+    assert result.stats["plain_steps"] >= 0.8 * result.target_forwards, result.stats["plain_steps"]
+
+    monkeypatch.setattr(target.model, "forward", original_target)
+    monkeypatch.setattr(draft, "forward", original_draft)
+    monkeypatch.setattr(card_module, "REFERENCE_EVERY", 3)
+    # "measured" at a second a plain step, none timed first: drafting pays until a reference step is timed
+    busy = C.CostCurve.from_points({1: 1e3, 128: 2e3})
+    monkeypatch.setattr(facade, "resolve_curve", lambda costs, model, upto=0: busy)
+    monkeypatch.setattr(card_module, "PLAIN_FIRST", 0)
+    paying = generate("card", target, ids, 64, draft=draft)
+    assert paying.new_tokens == reference
+    drafted = "".join("d" if s["tree_size"] else "." for s in paying.stats["steps"][2:])
+    assert "dddd" not in drafted and "ddd" in drafted, drafted

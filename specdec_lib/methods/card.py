@@ -47,7 +47,8 @@ WAIT_S = 120.0  # the longest propose waits for the drafter / finish waits for t
 DRAFT_DEVICES = (None, "cpu")
 AUTO_WIDTH = 8  # width="auto": this width while drafting pays, else plain steps
 PROBE_STEPS, PROBE_EVERY = 2, 64  # width="auto": drafted steps judged at first and per probe; plain steps per probe
-PLAIN_DECAY = 0.9  # width="auto": the decayed mean of the measured plain steps' ms
+PLAIN_KEEP = 5  # width="auto": a plain step is priced at the fastest of the last PLAIN_KEEP timed ones
+REFERENCE_EVERY = 32  # width="auto": drafted steps in a row before a plain one is timed again
 PLAIN_FIRST = 2  # width="auto" on a measured curve: plain steps timed before the first drafted one
 _DRAFT_COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # draft -> its CPU copy
 
@@ -66,11 +67,13 @@ class Card(Proposer):
     """CARD (query-and-correct): a width-K draft tree grown in parallel, one chain verified per step.
 
     width: K, or "auto": AUTO_WIDTH while drafting pays. Every drafted step records what it yielded and what it
-    took (propose to observe, plus the last correction) against one token per plain step's time: the decayed mean
-    (PLAIN_DECAY) of this generation's own plain steps (the loop's Python work and the verdict included). On a
-    measured curve the first PLAIN_FIRST steps after the prompt's are plain and timed before anything drafts: a
-    curve measured while the machine was busier prices a plain step too high, and weak drafting would look as if
-    it paid. On an injected or estimated curve (taken as given) its t(1) stands in until a plain step is timed.
+    took (propose to observe, plus the last correction) against one token per plain step's time: the fastest of
+    this generation's last PLAIN_KEEP plain steps (the loop's Python work and the verdict included; one slow step
+    among the few timed would otherwise price every later one too high, and weak drafting would run on against it),
+    On a measured curve the first PLAIN_FIRST steps after the prompt's are plain and timed before anything drafts
+    (a curve measured while the machine was busier prices a plain step too high, and weak drafting would look as
+    if it paid), and a plain step is timed again after REFERENCE_EVERY drafted steps in a row. On an injected or
+    estimated curve (taken as given) its t(1) stands in until a plain step is timed.
     When drafting loses the drafter is left as it is; every PROBE_EVERY plain steps it is
     corrected to the committed text (a miss: it restarts there) and tried for PROBE_STEPS steps. The ablation
     (correction=False) always drafts: it never corrects the drafter, so it could not restart it.
@@ -151,7 +154,7 @@ class Card(Proposer):
             self.side = SideBudget(self.budget.curve(req.target, reach(req)), context=len(committed),
                                    warmup=PROBE_STEPS, probe_len=PROBE_STEPS, probe_every=PROBE_EVERY,
                                    horizon=req.max_new_tokens)
-            self._t_propose, self._correct_ms, self._plain_ms = None, 0.0, None
+            self._t_propose, self._correct_ms, self._plain_times, self._drafted_run = None, 0.0, [], 0
         # plain steps still to time before drafting (none where the curve is injected or estimated: taken as given)
         self._untimed = PLAIN_FIRST if self.side is not None and self.budget.measured else 0
         # On a CPU both sides share the cores: one intra-op thread each. A GPU target needs few CPU threads:
@@ -184,7 +187,10 @@ class Card(Proposer):
         # sync mode under width="auto": the prompt's step is plain, so the drafter's prefill of the prompt runs in
         # the first drafted step, where the warm-up's allowance counts it (it is what trying the draft costs)
         first = self._prefill and self.side is not None and self.mode == "sync"
-        if first or self._untimed or (self.side is not None and not self.side.choose(len(state.committed))):
+        # time a plain step again (on a measured curve: an injected one is taken as given)
+        reference = self.side is not None and self.budget.measured and self._drafted_run >= REFERENCE_EVERY
+        if first or self._untimed or reference or (self.side is not None and
+                                                   not self.side.choose(len(state.committed))):
             self.drafting = False  # a plain step; the drafter waits as it is
             self.plain_steps += 1
             info = dict(draft_size=0, card_nodes=0, card_layers=0, hit=None)
@@ -225,14 +231,15 @@ class Card(Proposer):
             if prefill:
                 return
             took = 1e3 * (time.perf_counter() - self._t_propose)
-            self._untimed = max(0, self._untimed - 1)
-            self._plain_ms = took if self._plain_ms is None else PLAIN_DECAY * self._plain_ms + (1 - PLAIN_DECAY) * took
+            self._untimed, self._drafted_run = max(0, self._untimed - 1), 0
+            self._plain_times = (self._plain_times + [took])[-PLAIN_KEEP:]
             return
         now = time.perf_counter()
         if self.side is not None and not prefill:  # this drafted step, as measured, against a plain one (1 token)
             took = 1e3 * (now - self._t_propose) + self._correct_ms
             plain_ms = self._plain_ms if self._plain_ms is not None else self.side.price(1)
             self.side.record(len(verdict.emitted), took, 1.0, plain_ms)
+            self._drafted_run += 1
         self.target_busy.append((self._t_query, now))
         hit = self.drafter.correct(state.committed) if self.correction else self._follow(state.committed)
         self._correct_ms = 1e3 * (time.perf_counter() - now)
@@ -240,6 +247,11 @@ class Card(Proposer):
         self.budget.record(verdict)
         self.hits += hit
         self.misses += not hit
+
+    @property
+    def _plain_ms(self) -> float | None:
+        """ms of a plain step: the fastest of the last PLAIN_KEEP timed (None before one is)."""
+        return min(self._plain_times) if self.side is not None and self._plain_times else None
 
     def _follow(self, committed: list[int]) -> bool:
         """No correction: only move the anchor along the tree; restart the drafter when it has nothing left."""
@@ -257,7 +269,7 @@ class Card(Proposer):
                       draft_device=self.draft_device, tree=self.tree)
         out = dict(config=config, **self.budget.stats(), draft_layers=self.drafter.layers,
                    plain_steps=self.plain_steps, **(self.side.stats() if self.side is not None else {}),
-                   plain_step_ms=None if self.side is None or self._plain_ms is None else round(self._plain_ms, 3),
+                   plain_step_ms=None if self._plain_ms is None else round(self._plain_ms, 3),
                    hits=self.hits, misses=self.misses,
                    hit_rate=self.hits / (self.hits + self.misses) if self.hits + self.misses else float("nan"))
         if self.mode != "sync":
