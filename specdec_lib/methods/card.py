@@ -69,7 +69,7 @@ class Card(Proposer):
     width: K, or "auto": AUTO_WIDTH while drafting pays. Every drafted step records what it yielded and what it
     took (propose to observe, plus the last correction) against one token per plain step's time: the fastest of
     this generation's last PLAIN_KEEP plain steps (the loop's Python work and the verdict included; one slow step
-    among the few timed would otherwise price every later one too high, and weak drafting would run on against it),
+    among the few timed would otherwise price every later one too high, and weak drafting would run on against it).
     On a measured curve the first PLAIN_FIRST steps after the prompt's are plain and timed before anything drafts
     (a curve measured while the machine was busier prices a plain step too high, and weak drafting would look as
     if it paid), and a plain step is timed again after REFERENCE_EVERY drafted steps in a row. On an injected or
