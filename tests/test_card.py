@@ -13,7 +13,8 @@ import torch
 
 from specdec_lib import generate
 from specdec_lib.mechanisms import kv_cache
-from specdec_lib.mechanisms.card.process import PROCESS_NAME, DrafterProcess
+from specdec_lib.mechanisms.card.drafter import ThreadDrafter
+from specdec_lib.mechanisms.card.process import PROCESS_NAME, DrafterProcess, wait_exited
 from specdec_lib.mechanisms.card.tree import CardTree
 from specdec_lib.methods import card as card_module
 from specdec_lib.methods.card import WORKER_NAME, Card
@@ -128,7 +129,30 @@ def in_time(fn, seconds=120):
     helper.start()
     helper.join(seconds)
     assert not helper.is_alive(), "generate hung"
+    wait_exited(helper)  # the next call may fork (process mode): no lock of this thread's may be held then
     return box.get("result"), box.get("error")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads the OS's threads from /proc (Linux)")
+def test_a_closed_thread_drafter_has_left_the_os_before_a_fork(models, monkeypatch):
+    """`join` returns before a thread's native exit handlers run (MKL frees its buffers under a lock there); a fork
+    meanwhile copies that lock held, and the process drafter's first matrix product spins forever (a CI run hung
+    so). Thread mode's close waits until its worker is gone from the OS; unwaited, about one close in four here
+    returned before it was."""
+    target, _, ids = models
+    left = []
+    original = ThreadDrafter.close
+
+    def close(self):
+        worker = self.worker
+        original(self)
+        left.append(os.path.exists(f"/proc/self/task/{worker.native_id}"))
+
+    monkeypatch.setattr(ThreadDrafter, "close", close)
+    for _ in range(20):
+        result = generate("card", target, ids, 5, draft=target, width=8, mode="thread")
+        assert len(result.new_tokens) == 5
+    assert len(left) == 20 and not any(left)
 
 
 @pytest.mark.parametrize("self_draft", [False, True])

@@ -32,6 +32,7 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
+from .process import wait_exited
 from .tree import CardTree
 
 WORKER_NAME = "card-drafter"
@@ -168,7 +169,9 @@ class ThreadDrafter:
             self.stop = True
             self.cond.notify_all()
         self.worker.join(self.wait_s)
-        alive, self.worker = self.worker.is_alive(), None
+        alive, worker, self.worker = self.worker.is_alive(), self.worker, None
+        if not alive:
+            wait_exited(worker)  # a fork right after this (process mode next) must not copy a lock it holds
         torch.set_num_threads(self.threads)
         if alive:
             raise RuntimeError(f"the CARD drafter did not stop within {self.wait_s} s")

@@ -1,9 +1,6 @@
-"""CARD's drafter in its own process, as in the paper (Zhou et al., CARD §3: drafter and target are two processes
-on two GPUs exchanging tensors over NCCL). Here: two processes on one CPU, each with its own intra-op thread.
-
-Why a process and not a thread: on small models a forward is mostly Python and dispatcher work done holding the
-GIL, so a drafter thread slows the target's verify down and a drafter process barely does (notebook 09 measures
-the target's step time in each mode).
+"""CARD's drafter in its own process, as in the paper (Zhou et al., CARD §3: two processes on two GPUs, tensors over
+NCCL); here two on one CPU, one intra-op thread each. Why a process: a small model's forward is mostly Python holding
+the GIL, so a drafter thread slows the target's verify and a process barely does (notebook 09 measures both).
 
     parent (the target, `DrafterProcess`)            child (`_drafter_main`, owns the draft's CardTree and KV)
     wait(ready) <- ("tree", epoch, layers, ...)      loop: a command waiting? apply it; else grow one layer and
@@ -17,18 +14,21 @@ the target's step time in each mode).
 - `epoch` counts corrections: the parent queries only a tree of its own epoch. Greedy runs do not wait for the
   child: on a hit the parent prunes its own copy as the child will (`ScoredTree.reindexed`) and queries it at
   once, until the child's tree of the new epoch arrives; sampled runs wait (the child re-indexes the logits).
-- Errors: the child's exception (its traceback) is raised by the parent's next call; a child that died silently
-  is detected. The child ignores SIGINT: the parent handles it, and its `close()` stops, then terminates, the child.
+- Errors: the child's exception (its traceback) is raised by the parent's next call; a silent death is detected.
+  The child ignores SIGINT: the parent handles it, and its `close()` stops, then terminates, the child.
 
 Simplifications: `fork` start method (Linux; the draft model is inherited, not pickled); a CPU draft only (CUDA
 cannot be used in a forked child; beside a GPU target, card's `draft_device="cpu"` hands this class a CPU copy);
-a fresh process per generate call; busy intervals from `time.perf_counter` (one clock for both processes).
+a fresh process per generate call; busy intervals from `time.perf_counter` (one clock for both processes). A fork
+copies locks as they are: one held by a thread that is exiting after torch ops (MKL frees its buffers under a lock)
+spins the child's first matmul forever, so a thread we start is waited out (`wait_exited`); yours, wait out too.
 """
 from __future__ import annotations
 
 import multiprocessing
 import os
 import signal
+import threading
 import time
 import traceback
 import warnings
@@ -57,6 +57,15 @@ class TreeCopy(ScoredTree):
     @property
     def fed(self) -> int:
         return self.fed_count
+
+
+def wait_exited(thread: threading.Thread, timeout_s: float = 5.0) -> None:
+    """Return once `thread`'s OS thread is gone (`join` returns before its native exit handlers have run, MKL's
+    among them) or after `timeout_s`. Linux (/proc); elsewhere at once."""
+    path = f"/proc/self/task/{thread.native_id}"
+    deadline = time.monotonic() + timeout_s
+    while thread.native_id is not None and os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.001)
 
 
 def _publish(conn, tree: CardTree, epoch: int, buffer, written: int, busy=None) -> int:
