@@ -223,3 +223,30 @@ def test_card_prices_a_plain_step_at_its_fastest_recent_one_and_times_it_again(m
     assert paying.new_tokens == reference
     drafted = "".join("d" if s["tree_size"] else "." for s in paying.stats["steps"][2:])
     assert "dddd" not in drafted and "ddd" in drafted, drafted
+
+
+def test_the_guard_and_its_chooser_probe_on_one_allowance():
+    """A draft that never pays, on a scripted clock: the guard's trials and the chain chooser's own probes (while
+    the guard is on) each used to spend `trial_share` of the time, together twice it (the real pair's editing
+    suite lost so: three runs of 3-6 drafted steps in a 12 s generation). Now one allowance bounds both: every
+    drafted step's loss against plain steps stays within the share of the plain time, plus the first trial's."""
+    clock = Clock()
+    curve = C.CostCurve.from_points({1: 10.0, 2: 11.0, 16: 20.0})
+    chain = ChainBudget(curve, max_len=4, draft_ms=lambda g: 4.0 * g)
+    guard = Guard(clock=clock)
+    chain.affords = guard.affords
+    guard.record(False, 1)  # the prefill's step
+    lost, plain_time = [], 0.0
+    for _ in range(1500):
+        g = chain.choose(None, context=64) if guard.allowed else 0
+        ms = 4.0 * g + curve(g + 1)  # the draft's forwards, then the verify of g + 1 rows; nothing accepted
+        if g:
+            chain.record(g, 0)
+            lost.append(ms - 10.0)
+        plain_time += 10.0
+        clock.now += ms / 1e3
+        guard.record(g > 0, 1)
+    first_trial = sum(lost[:guard.judge_after])
+    assert len(lost) > guard.judge_after + 2  # it is tried again now and then
+    assert sum(lost) - first_trial <= 0.03 * plain_time + max(lost), (sum(lost), plain_time, len(lost))
+    assert guard.stats()["guard_lost_ms"] == pytest.approx(sum(lost), abs=0.1)

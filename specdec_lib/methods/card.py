@@ -154,6 +154,7 @@ class Card(Proposer):
             self.side = SideBudget(self.budget.curve(req.target, reach(req)), context=len(committed),
                                    warmup=PROBE_STEPS, probe_len=PROBE_STEPS, probe_every=PROBE_EVERY,
                                    horizon=req.max_new_tokens)
+            self.side.affords = self.budget.affords  # the drafter's probes share the guard's one allowance
             self._t_propose, self._correct_ms, self._plain_times, self._drafted_run = None, 0.0, [], 0
         # plain steps still to time before drafting (none where the curve is injected or estimated: taken as given)
         self._untimed = PLAIN_FIRST if self.side is not None and self.budget.measured else 0

@@ -190,6 +190,8 @@ class Fafo(Proposer):
         self.budget.start(state.request, lambda curve: TreeBudget(
             curve, ladder, context=len(prompt), cheap_rows=self.n * self.k, cheap_context=self.compression.kv_budget,
             window=len(ladder)), guard=self.streams_auto)  # fixed streams run every step: no step would be plain
+        if self.side is not None:
+            self.side.affords = self.budget.affords  # the streams' probes share the guard's one allowance
 
     def target_cache(self, state: LoopState):
         req = state.request

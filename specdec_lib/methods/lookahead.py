@@ -118,6 +118,7 @@ class Lookahead(Proposer):
             at = costs.at(len(prompt))
             self.side, self.text_pool = SideBudget(costs, context=len(prompt), horizon=state.request.max_new_tokens,
                                                    step_loss=at(1 + window_rows) - at(1)), NgramPool(cap)
+            self.side.affords = self.budget.affords  # the window's probes share the guard's one allowance
         for pool in (self.pool, self.text_pool) if self.from_text else ():
             if pool is not None:
                 pool.add_text(prompt, self.N)

@@ -115,7 +115,8 @@ class ChainBudget(PricedSteps):
     have drafted against the text emitted after it, `Budget.record_unverified`; probes still time the rows). A
     probe loses, by the estimates without the optimism, draft_ms(g) + t(g + 1) - E[tokens | g] x t(1); it waits
     until `trial_share` of the plain steps' time since the last one covers that (where a drafted step costs far
-    more than a plain one, probes come more rarely than every `probe_every`)."""
+    more than a plain one, probes come more rarely than every `probe_every`), and, under a guard, until the
+    generation's one allowance affords it (`affords`, guard.py)."""
 
     def __init__(self, curve, max_len: int = 16, draft_ms: Callable[[int], float] | None = None,
                  prior: float = CHAIN_PRIOR, strength: float = 2.0, explore: float = 0.25, plain: bool = True,
@@ -130,6 +131,7 @@ class ChainBudget(PricedSteps):
         self.plain, self.probe_every = plain, check_int("probe_every", probe_every, 1)
         self.trial_share = trial_share
         self.plain_run = 0  # plain steps chosen in a row (since the last probe)
+        self.affords: Callable[[float], bool] | None = None  # the generation's one trial allowance (Guard.affords)
         self.gain = None  # the last choice's expected tokens/ms over a plain step's
         self.measured = MeasuredSteps()  # what the loop's steps took against the curve (record_ms)
         self.reached = np.zeros(max_len + 1)  # index d: steps whose chain had a node at depth d reaching it
@@ -167,7 +169,7 @@ class ChainBudget(PricedSteps):
         g = 1 + int(np.argmax(np.where(allowed, speed[1:], -np.inf)))
         if self.plain and sure[0] >= sure[1:].max():
             self.plain_run += 1
-            if self.plain_run < self.probe_wait(g):
+            if self.plain_run < self.probe_wait(g) or not (self.affords is None or self.affords(self.probe_loss(g))):
                 g = 0
             else:  # a probe at g
                 self.plain_run = 0
@@ -185,13 +187,15 @@ class ChainBudget(PricedSteps):
         if len(verdict.proposal.tree):
             self.record(len(verdict.proposal.tree), len(verdict.accepted))
 
+    def probe_loss(self, g: int) -> float:
+        """ms a probe at g is expected to lose against a plain step, by the counts without the optimism."""
+        return self.draft_ms(g) + self.step_ms(g + 1) - self.expected_tokens()[g] * self.step_ms(1)
+
     def probe_wait(self, g: int) -> int:
         """Plain steps before a probe at g: `probe_every`, or more where the probe's expected loss needs them."""
         if self.trial_share is None:
             return self.probe_every
-        plain = self.step_ms(1)
-        lost = self.draft_ms(g) + self.step_ms(g + 1) - self.expected_tokens()[g] * plain
-        return trial_wait(self.probe_every, lost, plain, self.trial_share)
+        return trial_wait(self.probe_every, self.probe_loss(g), self.step_ms(1), self.trial_share)
 
     def record(self, drafted: int, accepted: int) -> None:
         """One verified chain: depths 1..accepted accepted, depth accepted + 1 reached and rejected (if drafted)."""

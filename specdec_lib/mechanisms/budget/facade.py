@@ -148,6 +148,14 @@ class Budget:
         self.chooser = build(self.curve(request.target, reach(request))) if self.auto else Fixed(self.value)
         timed = guard and self.auto and request.sampling.greedy and self.measured
         self.guard = Guard() if timed else None
+        if hasattr(self.chooser, "affords"):  # its probes draw on the guard's one allowance
+            self.chooser.affords = self.affords
+
+    @property
+    def affords(self) -> Callable[[float], bool] | None:
+        """The generation's one trial allowance (Guard.affords) for the method's other trials (a SideBudget's
+        probes); None without a guard."""
+        return None if self.guard is None else self.guard.affords
 
     def may_draft(self) -> bool:
         """False when the guard has stopped drafting for now (the step is plain: no draft, no side rows)."""

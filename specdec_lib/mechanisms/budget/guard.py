@@ -14,10 +14,11 @@ judged after `judge_after` drafted steps of a trial, then at every drafted step.
 both sides are noisy estimates: drafting that only breaks even gains nothing, and one that looks like it on a few
 steps may lose a few % over the generation (a busy CPU's steps vary by more than that). When it does not hold the method
 takes plain steps (its chooser is not asked: `Budget.choose` says the plain size, side rows stay off) until the
-next trial, which waits until `trial_share` of the plain time of every step so far covers what every trial lost,
-the next one's expected loss included (choosers.trial_wait), so trying costs a bounded share of the time. A
-plain step's time is measured, not priced: without one in the last `reference_every` steps (or none yet, once
-a trial has drafted), the next step is plain.
+next trial, after `probe_every` steps or more. One allowance bounds every trial of a generation, the guard's, its
+chooser's probes and a SideBudget's (`affords`): a trial starts only while what every drafted step so far lost
+against plain ones (gains count too), its expected loss added, stays within `trial_share` of the plain time of
+the tokens so far. A plain step's time is measured, not priced: without one in the last `reference_every` steps
+(or none yet, once a trial has drafted), the next step is plain.
 
 Only for "auto" budgets under greedy decoding: a fixed budget is honoured exactly, and under sampling a choice
 may not follow the machine's speed (a seed reproduces its tokens). Left out: judging each budget size apart (the
@@ -28,7 +29,7 @@ from __future__ import annotations
 import time
 
 from ...env import check_int
-from .choosers import TRIAL_SHARE, trial_wait
+from .choosers import TRIAL_SHARE
 
 
 class Guard:
@@ -52,7 +53,9 @@ class Guard:
         self.since_plain = 0  # drafted steps since the last plain one
         self.allowed = True  # may the next step draft
         self.vetoed = self.references = self.trials = 0  # steps the guard made plain; of them, references
-        self.steps, self.lost_total = 0, 0.0  # steps compared so far; what every trial lost (ms)
+        self.steps, self.tokens = 0, 0.0  # steps compared so far, their tokens
+        self.spent = [0.0, 0.0]  # every drafted step's tokens, ms (undecayed: what drafting lost or gained)
+        self.next_loss = 0.0  # what the next trial is expected to lose (ms): the last one's loss
         self._last: float | None = None  # when the last step ended (None: before the prefill's end)
 
     def record(self, drafted: bool, tokens: int) -> None:
@@ -66,7 +69,7 @@ class Guard:
         self._last = now
         if not self.on:
             self.off_run += 1
-            if self.off_run >= self.next_trial:  # a new trial, judged on its own steps
+            if self.off_run >= self.next_trial and self.affords(self.next_loss):  # a new trial, on its own steps
                 self.on, self.trial, self.drafted = True, [0, 0.0, 0.0], [0.0, 0.0]
                 self.trials += 1
         reference = self.on and (self.since_plain >= self.reference_every
@@ -74,11 +77,13 @@ class Guard:
         self.allowed = self.on and not reference
 
     def _account(self, drafted: bool, tokens: int, ms: float) -> None:
+        self.tokens += tokens
         if not drafted:
             self.since_plain = 0
             self.plain_ms = ms if self.plain_ms is None else self.decay * self.plain_ms + (1 - self.decay) * ms
             return
         self.since_plain += 1
+        self.spent = [self.spent[0] + tokens, self.spent[1] + ms]
         self.drafted = [self.decay * self.drafted[0] + tokens, self.decay * self.drafted[1] + ms]
         self.trial = [self.trial[0] + 1, self.trial[1] + tokens, self.trial[2] + ms]
         if self.on and self.plain_ms is not None and self.trial[0] >= self.judge_after:
@@ -87,12 +92,20 @@ class Guard:
                 self._off()
 
     def _off(self) -> None:
-        lost = max(0.0, self.trial[2] - self.trial[1] * self.plain_ms)  # ms beyond plain steps for its tokens
-        self.lost_total += lost
-        self.on, self.off_run = False, 0
-        # from the first step on: the share covers every trial's loss and the next one's, not each trial's apart
-        self.next_trial = trial_wait(self.probe_every, self.lost_total + lost, self.plain_ms, self.trial_share,
-                                     self.steps)
+        self.next_loss = max(0.0, self.trial[2] - self.trial[1] * self.plain_ms)  # ms beyond plain steps' for its tokens
+        self.on, self.off_run, self.next_trial = False, 0, self.probe_every
+
+    @property
+    def lost(self) -> float:
+        """ms every drafted step so far took beyond plain steps for the same tokens (< 0: drafting gained)."""
+        return 0.0 if self.plain_ms is None else self.spent[1] - self.spent[0] * self.plain_ms
+
+    def affords(self, expected_ms: float) -> bool:
+        """May a trial expected to lose `expected_ms` start now: does what drafting lost so far, plus that, stay
+        within `trial_share` of the plain time of the tokens so far? (Yes before a plain step is timed.)"""
+        if self.trial_share is None or self.plain_ms is None:
+            return True
+        return self.lost + max(0.0, expected_ms) <= self.trial_share * self.tokens * self.plain_ms
 
     @property
     def gain(self) -> float | None:
@@ -104,4 +117,5 @@ class Guard:
     def stats(self) -> dict:
         gain = self.gain
         return dict(guard_gain=None if gain is None else round(gain, 3), guard_vetoed=self.vetoed,
-                    guard_references=self.references, guard_trials=self.trials)
+                    guard_references=self.references, guard_trials=self.trials,
+                    guard_lost_ms=round(self.lost, 1))

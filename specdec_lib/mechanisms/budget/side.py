@@ -40,7 +40,8 @@ class SideBudget:
     before any step: a warm-up of `warmup` such steps that would lose more than its allowance unless the side rows
     paid from its first steps cannot reach its verdict (FAFO's stream guesses are found k steps on), so it is not
     run: the side rows start off, and the first probe waits, as every later one, for its expected loss
-    (`probe_len` x step_loss) to be covered."""
+    (`probe_len` x step_loss) to be covered. Under a guard a probe also waits for the generation's one allowance
+    (`affords`, guard.py), shared with the guard's trials and the chooser's probes."""
 
     def __init__(self, costs, context: int = 0, cheap_context: int | None = None, probe_every: int = 48,
                  probe_len: int = 12, warmup: int = 12, decay: float = 0.97, horizon: int | None = None,
@@ -63,11 +64,14 @@ class SideBudget:
         self.cut_short = 0  # trials ended by their allowance
         self.lost_total = 0.0  # what every trial so far lost (ms)
         self.skipped = False  # the warm-up was not run (step_loss: it could not reach its verdict)
+        self.probe_loss = 0.0  # what the next probe is expected to lose (ms)
+        self.affords = None  # the generation's one trial allowance, where a guard keeps it (Guard.affords)
         if step_loss is not None and trial_share is not None and self.horizon is not None:
             plain = self.curve(1)  # ms of a step without side rows, before one is run
             if warmup * max(0.0, step_loss) > trial_share * self.horizon * plain:
                 self.on, self.in_trial, self.skipped, self.plain_ms = False, False, True, plain
-                self.next_probe = trial_wait(probe_every, probe_len * step_loss, plain, trial_share)
+                self.probe_loss = probe_len * step_loss
+                self.next_probe = trial_wait(probe_every, self.probe_loss, plain, trial_share)
 
     def choose(self, context: int | None = None) -> bool:
         """Run the side rows this step? (the curve read at `context` tokens)."""
@@ -77,7 +81,7 @@ class SideBudget:
         if not self.on:
             self.sums = [self.decay * x for x in self.sums]
             self.off_run += 1
-            if self.off_run >= self.next_probe:
+            if self.off_run >= self.next_probe and (self.affords is None or self.affords(self.probe_loss)):
                 self.on, self.probe_left = True, self.probe_len
                 self._start_trial(self.off_run)
         self.on_steps += self.on
@@ -139,7 +143,8 @@ class SideBudget:
             self.plain_ms = self.trial[3] / self.trial_steps
         lost = max(0.0, self.lost())
         self.lost_total += lost
-        expected = self.lost_total + self.probe_len * lost / max(1, self.trial_steps)
+        self.probe_loss = self.probe_len * lost / max(1, self.trial_steps)
+        expected = self.lost_total + self.probe_loss
         # steps from the first: the share covers every trial's loss, not each trial's apart
         self.next_probe = trial_wait(self.probe_every, expected, self.plain_ms, self.trial_share, self.steps)
 
