@@ -86,7 +86,7 @@ def test_run_bench_records_what_the_budgets_chose(pair):
     row = runs.set_index("method")
     assert row.loc["cacheback@tdl=8+crt=2", "mean_draft_size"] == 8  # a fixed TDL: every step's draft size
     # window="auto": the share of steps it ran, recorded (not NaN); 0 where this machine's curve prices its warm-up
-    # above its allowance (budget.SideBudget's step_loss)
+    # above its allowance (budget.SideBudget's side_rows)
     assert 0 <= row.loc["lookahead", "side_share"] <= 1
     assert pd.isna(row.loc["fafo@streams=4", "side_share"])  # fixed streams: always on, nothing chosen
     assert row.loc["autoregressive", "plain_share"] == 1.0 and pd.isna(row.loc["autoregressive", "mean_draft_size"])

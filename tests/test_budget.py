@@ -485,15 +485,29 @@ def test_trying_side_rows_costs_a_bounded_share_of_the_time():
 
 
 def test_a_warm_up_that_cannot_reach_its_verdict_is_not_run():
-    """`step_loss`: side rows priced at 5 ms over a 10 ms plain step, a 12-step warm-up, 96 tokens: 12 x 5 = 60 ms
+    """`side_rows`: two rows priced at 5 ms over a 10 ms plain step, a 12-step warm-up, 96 tokens: 12 x 5 = 60 ms
     against an allowance of 0.03 x 96 x 10 = 28.8 ms, so the warm-up could only end in its verdict if the rows paid
     from its first steps: they start off, and the first probe waits until 3 % of the plain time covers its 3 x 5 ms
-    (50 steps). At 2 ms a step (24 ms) the warm-up runs as before."""
-    dear = B.SideBudget(FLAT, probe_every=10, probe_len=3, warmup=12, horizon=96, step_loss=5.0)
+    (50 steps). One row, 2 ms a step (24 ms): the warm-up runs as before. Rows that read only the compressed KV
+    are priced at its length (here a curve 5x cheaper: 8 such rows, 2 ms)."""
+    full = C.CostCurve.from_points({1: 10.0, 2: 12.0, 3: 15.0, 9: 20.0})
+    compressed = C.CostCurve.from_points({1: 2.0, 9: 4.0})
+    class Costs:  # a curve per context, as ContextCosts: the full KV at 500 tokens, the compressed one at 64
+        def at(self, context):
+            return full if context > 100 else compressed
+
+    costs = Costs()
+    dear = B.SideBudget(costs, context=500, probe_every=10, probe_len=3, warmup=12, horizon=96, side_rows=(2, 0))
     runs = [dear.choose() for _ in range(50)]
     assert runs == [False] * 49 + [True] and dear.stats()["side_warmup_skipped"]
-    cheap = B.SideBudget(FLAT, probe_every=10, probe_len=3, warmup=12, horizon=96, step_loss=2.0)
+    cheap = B.SideBudget(costs, context=500, probe_every=10, probe_len=3, warmup=12, horizon=96, side_rows=(1, 0))
     assert cheap.choose() and not cheap.stats()["side_warmup_skipped"]
+    fumble = B.SideBudget(costs, context=500, cheap_context=64, probe_every=10, probe_len=3, warmup=12, horizon=96,
+                          side_rows=(0, 8))
+    assert fumble.choose() and not fumble.stats()["side_warmup_skipped"]
+    dear_fumble = B.SideBudget(costs, context=500, cheap_context=64, probe_every=10, probe_len=3, warmup=12,
+                               horizon=96, side_rows=(0, 40))  # 41 rows at 12 ms against 2: 10 ms over
+    assert not dear_fumble.choose() and dear_fumble.stats()["side_warmup_skipped"]
 
 
 @pytest.mark.parametrize("method, knob", [("lookahead", "window"), ("fafo", "streams")])

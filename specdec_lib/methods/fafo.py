@@ -173,10 +173,9 @@ class Fafo(Proposer):
             costs = self.budget.curve(state.request.target, reach(state.request))
             # a stream's guesses are found by later steps only (keyed by what it discarded, about k steps on),
             # so the warm-up that judges the streams first is longer than k by a margin: 2k + 4 steps
-            cheap = costs.at(self.compression.kv_budget)  # the fumble rows read C(kv) only
             self.side = SideBudget(costs, context=len(prompt), cheap_context=self.compression.kv_budget,
                                    horizon=state.request.max_new_tokens, warmup=max(12, 2 * self.k + 4),
-                                   step_loss=cheap(1 + self.n * self.k) - cheap(1))
+                                   side_rows=(0, self.n * self.k))  # the fumble rows read C(kv) only
             self.text_pool = FumblePool(self.n)
         for pool in (self.pool, self.text_pool) if self.from_text else ():
             if pool is not None:

@@ -115,9 +115,8 @@ class Lookahead(Proposer):
         if self.window_auto:  # the pool without the window's n-grams: what a step without it would guess
             costs = self.budget.curve(state.request.target, reach(state.request))
             window_rows = (self.N - 1) * self.W  # the filled window's rows, every step it runs
-            at = costs.at(len(prompt))
             self.side, self.text_pool = SideBudget(costs, context=len(prompt), horizon=state.request.max_new_tokens,
-                                                   step_loss=at(1 + window_rows) - at(1)), NgramPool(cap)
+                                                   side_rows=(window_rows, 0)), NgramPool(cap)
             self.side.affords = self.budget.affords  # the window's probes share the guard's one allowance
         for pool in (self.pool, self.text_pool) if self.from_text else ():
             if pool is not None:

@@ -92,7 +92,8 @@ class Guard:
                 self._off()
 
     def _off(self) -> None:
-        self.next_loss = max(0.0, self.trial[2] - self.trial[1] * self.plain_ms)  # ms beyond plain steps' for its tokens
+        # the next trial is expected to lose what this one did: ms beyond plain steps' for its tokens
+        self.next_loss = max(0.0, self.trial[2] - self.trial[1] * self.plain_ms)
         self.on, self.off_run, self.next_trial = False, 0, self.probe_every
 
     @property

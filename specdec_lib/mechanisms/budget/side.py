@@ -36,16 +36,17 @@ class SideBudget:
     about as much as a whole plain step (many fumble rows where extra rows are dear), the warm-up ends after a step
     or two and probes are rare; where side rows are nearly free, nothing changes.
 
-    `step_loss`, when given, is what a step with the side rows costs beyond one without them by the curve (ms),
-    before any step: a warm-up of `warmup` such steps that would lose more than its allowance unless the side rows
-    paid from its first steps cannot reach its verdict (FAFO's stream guesses are found k steps on), so it is not
-    run: the side rows start off, and the first probe waits, as every later one, for its expected loss
-    (`probe_len` x step_loss) to be covered. Under a guard a probe also waits for the generation's one allowance
-    (`affords`, guard.py), shared with the guard's trials and the chooser's probes."""
+    `side_rows`, when given, (full rows, rows that read only the compressed KV) a step with the side rows adds: the
+    step's loss, their price over a plain step (`price`), is known before any step is run. A warm-up of `warmup`
+    steps that would lose more than its allowance unless the side rows paid from its first steps cannot reach its
+    verdict (FAFO's stream guesses are found k steps on), so it is not run: the side rows start off, and the first
+    probe waits, as every later one, for its expected loss (`probe_len` x that step loss) to be covered. Under a
+    guard a probe also waits for the generation's one allowance (`affords`, guard.py), shared with the guard's
+    trials and the chooser's probes."""
 
     def __init__(self, costs, context: int = 0, cheap_context: int | None = None, probe_every: int = 48,
                  probe_len: int = 12, warmup: int = 12, decay: float = 0.97, horizon: int | None = None,
-                 trial_share: float | None = TRIAL_SHARE, step_loss: float | None = None):
+                 trial_share: float | None = TRIAL_SHARE, side_rows: tuple[int, int] | None = None):
         self.costs, self.curve = costs, costs.at(context)
         self.cheap = None if cheap_context is None else costs.at(cheap_context)
         self.probe_every = check_int("probe_every", probe_every, 1)
@@ -66,8 +67,9 @@ class SideBudget:
         self.skipped = False  # the warm-up was not run (step_loss: it could not reach its verdict)
         self.probe_loss = 0.0  # what the next probe is expected to lose (ms)
         self.affords = None  # the generation's one trial allowance, where a guard keeps it (Guard.affords)
-        if step_loss is not None and trial_share is not None and self.horizon is not None:
-            plain = self.curve(1)  # ms of a step without side rows, before one is run
+        if side_rows is not None and trial_share is not None and self.horizon is not None:
+            plain = self.price(1)  # ms of a step without side rows, before one is run
+            step_loss = self.price(1 + side_rows[0], side_rows[1]) - plain
             if warmup * max(0.0, step_loss) > trial_share * self.horizon * plain:
                 self.on, self.in_trial, self.skipped, self.plain_ms = False, False, True, plain
                 self.probe_loss = probe_len * step_loss
