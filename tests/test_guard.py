@@ -226,12 +226,26 @@ def test_card_prices_a_plain_step_at_its_fastest_recent_one_and_times_it_again(m
 
 
 def test_the_guard_and_its_chooser_probe_on_one_allowance():
-    """A draft that never pays, on a scripted clock: the guard's trials and the chain chooser's own probes (while
-    the guard is on) each used to spend `trial_share` of the time, together twice it (the real pair's editing
-    suite lost so: three runs of 3-6 drafted steps in a 12 s generation). Now one allowance bounds both: every
-    drafted step's loss against plain steps stays within the share of the plain time, plus the first trial's."""
+    """The guard's trials and the chain chooser's own probes (while the guard is on) draw on one allowance (each
+    had its own before). A probe that is due waits while the guard's ledger is spent; and over a draft that never
+    pays, on a scripted clock, the ledger is every drafted step's loss against plain steps, which stays within the
+    share of the plain time, plus the first trial's."""
     clock = Clock()
     curve = C.CostCurve.from_points({1: 10.0, 2: 11.0, 16: 20.0})
+    guard = Guard(clock=clock)
+    guard.record(False, 1)  # the prefill's step
+    for drafted, tokens, ms in ((False, 1, 10.0), (True, 1, 100.0)):  # a plain step, then a drafted one losing 90 ms
+        clock.now += ms / 1e3
+        guard.record(drafted, tokens)
+    assert guard.allowed and guard.lost == pytest.approx(90.0) and not guard.affords(0.0)
+    choices = {}
+    for shared in (True, False):
+        chain = ChainBudget(curve, max_len=4, draft_ms=lambda g: 4.0 * g)
+        chain.affords = guard.affords if shared else None
+        choices[shared] = [chain.choose(None, context=64) for _ in range(200)]
+    assert not any(choices[True]) and any(choices[False])  # the same chooser alone probes
+
+    clock = Clock()
     chain = ChainBudget(curve, max_len=4, draft_ms=lambda g: 4.0 * g)
     guard = Guard(clock=clock)
     chain.affords = guard.affords

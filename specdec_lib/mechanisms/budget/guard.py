@@ -49,11 +49,11 @@ class Guard:
         self.drafted = [0.0, 0.0]  # decayed (tokens, ms) of this trial's drafted steps
         self.plain_ms: float | None = None  # decayed mean of the plain steps' ms
         self.trial = [0, 0.0, 0.0]  # this trial's drafted steps, tokens, ms (undecayed: what it lost)
-        self.on, self.off_run, self.next_trial = True, 0, probe_every
+        self.on, self.off_run = True, 0
         self.since_plain = 0  # drafted steps since the last plain one
         self.allowed = True  # may the next step draft
         self.vetoed = self.references = self.trials = 0  # steps the guard made plain; of them, references
-        self.steps, self.tokens = 0, 0.0  # steps compared so far, their tokens
+        self.tokens = 0.0  # the tokens of the steps compared so far
         self.spent = [0.0, 0.0]  # every drafted step's tokens, ms (undecayed: what drafting lost or gained)
         self.next_loss = 0.0  # what the next trial is expected to lose (ms): the last one's loss
         self._last: float | None = None  # when the last step ended (None: before the prefill's end)
@@ -64,12 +64,11 @@ class Guard:
         self.vetoed += not self.allowed
         self.references += self.on and not self.allowed
         if self._last is not None:  # the prefill's step is not compared
-            self.steps += 1
             self._account(drafted, tokens, 1e3 * (now - self._last))
         self._last = now
         if not self.on:
             self.off_run += 1
-            if self.off_run >= self.next_trial and self.affords(self.next_loss):  # a new trial, on its own steps
+            if self.off_run >= self.probe_every and self.affords(self.next_loss):  # a new trial, on its own steps
                 self.on, self.trial, self.drafted = True, [0, 0.0, 0.0], [0.0, 0.0]
                 self.trials += 1
         reference = self.on and (self.since_plain >= self.reference_every
@@ -94,7 +93,7 @@ class Guard:
     def _off(self) -> None:
         # the next trial is expected to lose what this one did: ms beyond plain steps' for its tokens
         self.next_loss = max(0.0, self.trial[2] - self.trial[1] * self.plain_ms)
-        self.on, self.off_run, self.next_trial = False, 0, self.probe_every
+        self.on, self.off_run = False, 0
 
     @property
     def lost(self) -> float:

@@ -64,7 +64,7 @@ class SideBudget:
         self.plain_ms = None  # ms of a step without the side rows, over the last trial
         self.cut_short = 0  # trials ended by their allowance
         self.lost_total = 0.0  # what every trial so far lost (ms)
-        self.skipped = False  # the warm-up was not run (step_loss: it could not reach its verdict)
+        self.skipped = False  # the warm-up was not run (side_rows: it could not reach its verdict)
         self.probe_loss = 0.0  # what the next probe is expected to lose (ms)
         self.affords = None  # the generation's one trial allowance, where a guard keeps it (Guard.affords)
         if side_rows is not None and trial_share is not None and self.horizon is not None:
